@@ -1,0 +1,247 @@
+"""The syntax tree of a .tds program: frozen dataclasses that mirror the grammar's rules.
+
+Every node keeps its `span`, so that any later stage can point at the source. The tree holds
+what was written and nothing derived; meaning (shapes, regions, signals) comes in `tiledsl.schedule`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Span:
+    """A source range: 1-based line and column of its first character, and its end."""
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    @staticmethod
+    def none() -> "Span":
+        return Span(0, 0, 0, 0)
+
+
+# ---- expressions -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Num:
+    value: Union[int, float]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # one of + - * / mod @   (`/` on indices floors; on sizes it must divide exactly)
+    left: "Expr"
+    right: "Expr"
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: "Expr"
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str  # a size function (cdiv, min, max), a dtype cast (f32, bf16) or an elementwise map (gelu, ...)
+    args: tuple["Expr", ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """`X@r`: rank r's copy of a symmetric tensor."""
+    base: "Expr"
+    rank: "Expr"
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Index:
+    """`i` in `X[i, :]`: one element along a dimension (the dimension is dropped)."""
+    at: "Expr"
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Range:
+    """`a : b` (stop given) or `a : +n` (size given) along a dimension; `:` is the whole dimension."""
+    start: "Expr | None"
+    stop: "Expr | None"
+    size: "Expr | None"
+    span: Span = field(compare=False)
+
+
+Slice = Union[Index, Range]
+
+
+@dataclass(frozen=True)
+class Subscript:
+    """`X[slices]`: a region of a tensor (or of a peer's copy)."""
+    base: "Expr"
+    slices: tuple[Slice, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class RankSum:
+    """`sum(body for var in extent)`: a reduction over ranks (or any small index range)."""
+    body: "Expr"
+    var: Name
+    extent: "Expr"
+    span: Span = field(compare=False)
+
+
+Expr = Union[Num, Name, BinOp, Neg, Call, Peer, Subscript, RankSum]
+
+
+# ---- declarations ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IndexVar:
+    """`i in M/BM`: an index of a family and its extent (instances 0 .. extent-1)."""
+    name: Name
+    extent: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """`on copy_engine`, `on sms(4)`, `on nvshmem`: who carries out a family."""
+    kind: Name
+    amount: Expr | None
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ParamDecl:
+    names: tuple[Name, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ConstDecl:
+    name: Name
+    value: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class TuneDecl:
+    """`tune BK in [64, 128]`: a compile-time size with its choices; the first is the default."""
+    name: Name
+    choices: tuple[Expr, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class LetDecl:
+    name: Name
+    value: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    role: str  # in, out, inout, symm, local
+    name: Name
+    dtype: Name
+    shape: tuple[Expr, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ChunkDecl:
+    name: Name
+    indices: tuple[IndexVar, ...]
+    engine: Engine | None
+    split: Expr | None
+    source: Expr
+    target: Expr
+    reduce: Name | None
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Assign:
+    target: Expr
+    value: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class TileDecl:
+    name: Name
+    indices: tuple[IndexVar, ...]
+    engine: Engine | None
+    body: tuple[Assign, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class AllInstances:
+    """`*` in `gather[*]`: every instance along that index."""
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class EveryRank:
+    """`@ every rank`: the producer instance on every rank."""
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Dep:
+    """One producer side of an edge: `gather[(i*BM)/Ms]`, optionally `@ every rank` or `@ r`."""
+    family: Name
+    index: tuple[Expr | AllInstances, ...]
+    ranks: EveryRank | Expr | None  # None: the consumer's own rank
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class EdgeDecl:
+    consumer: Name
+    bound: tuple[Name, ...]  # the names the consumer's indices take in the index maps
+    deps: tuple[Dep, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class OrderDecl:
+    family: Name
+    keys: tuple[Expr, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class PlaceDecl:
+    family: Name
+    engine: Engine
+    span: Span = field(compare=False)
+
+
+Decl = Union[ParamDecl, ConstDecl, TuneDecl, LetDecl, TensorDecl, ChunkDecl, TileDecl, EdgeDecl,
+             OrderDecl, PlaceDecl]
+
+
+@dataclass(frozen=True)
+class Program:
+    name: Name
+    decls: tuple[Decl, ...]
+    path: str
+    source: str = field(repr=False, compare=False)
+    span: Span = field(compare=False)
+
+    def of(self, kind: type) -> list:
+        """The declarations of one kind, in source order."""
+        return [d for d in self.decls if isinstance(d, kind)]
