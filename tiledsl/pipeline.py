@@ -1,0 +1,86 @@
+"""The compiler as a straight line of named stages; `tiledsl build --dump-after STAGE` shows any of them."""
+from __future__ import annotations
+
+import pprint
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tiledsl.diagnostics import Diagnostic, TdsError
+from tiledsl.grammar import ast
+from tiledsl.grammar.parser import parse, parse_file
+
+STAGES = ("parse", "schedule", "check", "plan", "module")
+
+
+@dataclass
+class Compilation:
+    """What the stages produced so far, and the warnings they reported."""
+    path: str
+    source: str
+    program: ast.Program | None = None
+    schedule: object | None = None
+    plan: object | None = None
+    module: str | None = None
+    warnings: list[Diagnostic] = field(default_factory=list)
+
+    def stage(self, name: str):
+        return {"parse": self.program, "schedule": self.schedule, "check": self.schedule,
+                "plan": self.plan, "module": self.module}[name]
+
+
+def load(source: str | bytes | Path, path: str | None = None) -> ast.Program:
+    """A path (Path, or a str naming an existing .tds file) or the text of a program."""
+    if isinstance(source, Path) or (isinstance(source, str) and source.endswith(".tds") and "\n" not in source):
+        return parse_file(source)
+    return parse(source, path or "<tds>")
+
+
+def run(source: str | bytes | Path, until: str = "module", consts: dict | None = None,
+        path: str | None = None) -> Compilation:
+    """Run the stages up to and including `until`; raise TdsError on the first stage with errors."""
+    if until not in STAGES:
+        raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
+    # parse: text to syntax tree
+    program = load(source, path)
+    done = Compilation(program.path, program.source, program=program)
+    if until == "parse":
+        return done
+    # schedule: names resolved, shapes and regions typed, edges as index maps
+    from tiledsl.schedule import build_schedule
+    done.schedule = build_schedule(program)
+    if until == "schedule":
+        return done
+    # check: races, cycles, orphan waits, bounds; errors stop here, warnings travel on
+    from tiledsl.schedule.check import check
+    diagnostics = check(done.schedule)
+    errors = [d for d in diagnostics if d.severity == "error"]
+    done.warnings = [d for d in diagnostics if d.severity != "error"]
+    if errors:
+        raise TdsError(errors + done.warnings, program.path, program.source)
+    if until == "check":
+        return done
+    # plan: which programs run which family, signal layout, waits and notifies
+    from tiledsl.codegen import lower
+    done.plan = lower(done.schedule, consts or {})
+    if until == "plan":
+        return done
+    # module: the generated Python module (Triton kernels and launcher)
+    from tiledsl.codegen import render
+    done.module = render(done.plan)
+    return done
+
+
+def dump(compilation: Compilation, stage: str) -> str:
+    """A readable text form of one stage's result."""
+    value = compilation.stage(stage)
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "describe"):
+        return value.describe()
+    if stage in ("schedule", "check"):
+        from tiledsl.schedule.describe import describe
+        return describe(value)
+    return pprint.pformat(value, width=110, sort_dicts=False)
+
+
+__all__ = ["STAGES", "Compilation", "run", "dump", "load", "TdsError"]

@@ -1,0 +1,72 @@
+"""Copy-engine chunks: a peer copy on a communication stream, then a signal written by the stream itself.
+
+No SM runs any of it: the copy is one cudaMemcpyAsync (the copy engine) and the signal a cuStreamWriteValue32
+stream memory operation. Signals are int32 slots holding epoch numbers, so they never need resetting.
+"""
+import torch
+
+_MAX_EPOCH = 2**31 - 1  # the stream-side wait compares (int32)(*slot - value) >= 0, so epochs stay below 2**31
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as error:
+        raise RuntimeError(f"copy-engine signals need the `cuda-python` package (cuda.bindings): {error}") from error
+    return driver
+
+
+def _check(driver, result, call: str) -> None:
+    (status,) = result
+    if status != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{call} failed: {status.name}")
+
+
+def _check_slot(address: int, value: int) -> None:
+    if address % 4:
+        raise ValueError(f"signal address {address:#x} is not 4-byte aligned")
+    if not 0 <= value <= _MAX_EPOCH:
+        raise ValueError(f"signal value {value} is not an epoch in [0, 2**31)")
+
+
+def write_signal(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """Enqueue on `stream`: write int32 `value` at device `address` (may be a peer's) after prior work completes."""
+    _check_slot(address, value)
+    driver = _driver()
+    # DEFAULT (not NO_MEMORY_BARRIER): the write waits for all prior work on the stream and is preceded by a
+    # fence like __threadfence_system(), so a reader that sees `value` also sees the data copied before it.
+    flags = driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+    result = driver.cuStreamWriteValue32(driver.CUstream(stream.cuda_stream), driver.CUdeviceptr(address), value, flags)
+    _check(driver, result, "cuStreamWriteValue32")
+
+
+def wait_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """Enqueue on `stream`: hold all later work until the int32 at `address` reaches epoch `value`."""
+    _check_slot(address, value)
+    driver = _driver()
+    flags = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+    result = driver.cuStreamWaitValue32(driver.CUstream(stream.cuda_stream), driver.CUdeviceptr(address), value, flags)
+    _check(driver, result, "cuStreamWaitValue32")
+
+
+def copy_and_signal(stream: torch.cuda.Stream, dst: torch.Tensor, src: torch.Tensor, signal_address: int,
+                    value: int) -> None:
+    """Enqueue on `stream`: copy `src` into `dst` (typically a peer view from SymmetricHeap.peer), then signal.
+
+    `stream` must already be ordered after whatever produced `src` (an event or `stream.wait_stream`).
+    """
+    # Anything but two contiguous tensors of one dtype on this device makes torch launch a copy kernel on the SMs
+    # (or hop through another device's stream) instead of issuing a single cudaMemcpyAsync on `stream`.
+    if dst.dtype != src.dtype or dst.shape != src.shape:
+        raise ValueError(f"copy-engine copy needs equal dtype and shape, got {dst.dtype}{tuple(dst.shape)} "
+                         f"<- {src.dtype}{tuple(src.shape)}")
+    if not (dst.is_contiguous() and src.is_contiguous()):
+        raise ValueError("copy-engine copy needs contiguous tensors")
+    if not dst.device == src.device == stream.device:
+        raise ValueError(f"copy-engine copy needs dst, src and stream on one device, got {dst.device}, {src.device}, "
+                         f"{stream.device}; take peer memory as a view from SymmetricHeap.peer")
+    with torch.cuda.stream(stream):
+        dst.copy_(src, non_blocking=True)
+    # src is read on `stream`, not on the stream that allocated it: keep the caching allocator from reusing it early.
+    src.record_stream(stream)
+    write_signal(stream, signal_address, value)

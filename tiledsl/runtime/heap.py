@@ -1,0 +1,194 @@
+"""Symmetric heap: tensors with one copy per rank, each copy addressable from every rank of the node.
+
+Generated kernels reach rank r's copy as `ptr + peer_offsets[r] + idx`. `open_heap` uses NVSHMEM (nvshmem4py) and
+falls back to torch's symmetric memory. NVLink multicast is never used: it can take the shared host down.
+"""
+import atexit
+import os
+
+import torch
+import torch.distributed as dist
+
+# NVLink SHARP / multicast off in every library that could reach for it; read once, when each library initialises.
+_NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def disable_multicast() -> None:
+    """Set the env vars that keep NCCL, torch and NVSHMEM off multicast; call before `init_process_group`."""
+    for name, value in _NO_MULTICAST_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+class SymmetricHeap:
+    """Tensors allocated collectively, the same shape on every rank; `peer(t, r)` is rank r's copy of `t`."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    def __init__(self, rank: int, world: int, device: torch.device):
+        self.rank, self.world, self.device = rank, world, device
+        self._allocations: dict[int, torch.Tensor] = {}  # data_ptr -> tensor returned by alloc
+        self._offsets: dict[tuple[int, int], torch.Tensor] = {}  # (data_ptr, element size) -> peer_offsets
+        self._closed = False
+
+    def alloc(self, shape, dtype) -> torch.Tensor:
+        """Collective: every rank calls in the same order. Returns this rank's copy, zero-filled."""
+        if self._closed:
+            raise RuntimeError("alloc on a closed symmetric heap")
+        tensor = self._allocate(tuple(shape), dtype)
+        tensor.zero_()
+        # The zero-fill is only enqueued; a peer that wrote into this copy before it ran would be wiped out.
+        # The barrier makes every rank's copy zero before any rank can start writing into it.
+        self.barrier()
+        self._allocations[tensor.data_ptr()] = tensor
+        return tensor
+
+    def peer(self, t: torch.Tensor, r: int) -> torch.Tensor:
+        """Rank r's copy of symmetric tensor `t`, as a tensor on this rank's device."""
+        return self._peer(self._symmetric(t), r)
+
+    def peer_offsets(self, t: torch.Tensor) -> torch.Tensor:
+        """int64 [world] on t.device: element offset from `t` to each rank's copy, for `ptr + offsets[r] + idx`."""
+        key = (self._symmetric(t).data_ptr(), t.element_size())
+        if key not in self._offsets:
+            offsets = []
+            for r in range(self.world):
+                delta = self.peer(t, r).data_ptr() - t.data_ptr()
+                assert delta % t.element_size() == 0, f"rank {r}'s copy is not {t.element_size()}-byte aligned to ours"
+                offsets.append(delta // t.element_size())
+            self._offsets[key] = torch.tensor(offsets, dtype=torch.int64, device=t.device)
+        return self._offsets[key]
+
+    def barrier(self) -> None:
+        """Host-side barrier across ranks, after all work already enqueued on the current stream is done."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free everything this heap allocated; idempotent. Tensors from `alloc` and `peer` are dangling after."""
+        if self._closed:
+            return
+        self._closed = True
+        allocations = list(self._allocations.values())
+        self._allocations.clear()
+        self._offsets.clear()
+        self._release(allocations)
+
+    def __enter__(self) -> "SymmetricHeap":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _symmetric(self, t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in self._allocations or not t.is_contiguous():
+            raise ValueError("expected a tensor returned by this heap's alloc() (or a contiguous view starting at it)")
+        return t
+
+    # What a backend provides: allocate one symmetric tensor, view a peer's copy, free all its tensors.
+    def _allocate(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _peer(self, t: torch.Tensor, r: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _release(self, allocations: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+
+class _ProcessGroupHeap(SymmetricHeap):
+    """A heap whose ranks are the ranks of an initialised torch.distributed process group, one GPU each."""
+
+    def __init__(self, group=None):
+        if not dist.is_initialized():
+            raise RuntimeError("a symmetric heap needs torch.distributed initialised first (init_process_group)")
+        self.group = group if group is not None else dist.group.WORLD
+        local_rank = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+        torch.cuda.set_device(local_rank)
+        super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), torch.device("cuda", local_rank))
+
+    def barrier(self) -> None:
+        torch.cuda.current_stream(self.device).synchronize()
+        dist.barrier(self.group)
+
+    def _quiesce(self) -> None:
+        """Before freeing: no rank may free memory that a peer's kernels or copies still touch."""
+        torch.cuda.synchronize(self.device)
+        if dist.is_initialized():  # at interpreter exit the process group may already be gone
+            dist.barrier(self.group)
+
+
+def _import_nvshmem():
+    try:
+        import nvshmem.core
+        from cuda.core import Device
+    except ImportError as error:
+        raise RuntimeError(f"NvshmemHeap needs the `nvshmem4py-cu13` and `cuda-python` packages ({error})") from error
+    return nvshmem.core, Device
+
+
+class NvshmemHeap(_ProcessGroupHeap):
+    """Symmetric tensors from NVSHMEM (nvshmem4py), bootstrapped by a unique id sent over the process group."""
+
+    def __init__(self, group=None):
+        nvshmem_core, Device = _import_nvshmem()
+        super().__init__(group)
+        self._nvshmem = nvshmem_core
+        uid = [nvshmem_core.get_unique_id() if self.rank == 0 else None]
+        dist.broadcast_object_list(uid, src=dist.get_global_rank(self.group, 0), group=self.group)
+        nvshmem_core.init(device=Device(self.device.index), uid=uid[0], rank=self.rank, nranks=self.world,
+                          initializer_method="uid")
+        # NVSHMEM prints errors at exit for symmetric memory still allocated when it is finalised.
+        atexit.register(self.close)
+
+    def _allocate(self, shape, dtype):
+        return self._nvshmem.tensor(shape, dtype=dtype)
+
+    def _peer(self, t, r):
+        peer = self._nvshmem.get_peer_tensor(t, r)
+        if peer.data_ptr() == 0:  # nvshmem_ptr gives NULL for a PE not reachable by loads and stores
+            raise RuntimeError(f"rank {r}'s symmetric memory is not mapped here (another node?)")
+        return peer
+
+    def _release(self, allocations):
+        atexit.unregister(self.close)
+        self._quiesce()
+        for tensor in allocations:  # free_tensor is collective: every rank frees in alloc order
+            self._nvshmem.free_tensor(tensor)
+        self._nvshmem.finalize()
+
+
+class TorchSymmHeap(_ProcessGroupHeap):
+    """Symmetric tensors from torch.distributed._symmetric_memory, CUDA backend (peer mappings, no multicast)."""
+
+    def __init__(self, group=None):
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        super().__init__(group)
+        self._symm_mem = symm_mem
+        symm_mem.set_backend("CUDA")  # a no-op when CUDA is already the backend
+        symm_mem.enable_symm_mem_for_group(self.group.group_name)  # gives rendezvous the group's store; idempotent
+        self._handles: dict[int, object] = {}  # data_ptr -> _SymmetricMemory handle of that allocation
+
+    def _allocate(self, shape, dtype):
+        tensor = self._symm_mem.empty(shape, dtype=dtype, device=self.device)
+        self._handles[tensor.data_ptr()] = self._symm_mem.rendezvous(tensor, self.group.group_name)
+        return tensor
+
+    def _peer(self, t, r):
+        return self._handles[t.data_ptr()].get_buffer(r, tuple(t.shape), t.dtype)
+
+    def _release(self, allocations):
+        self._quiesce()
+        # Dropping the last references hands the memory back to torch's symmetric-memory pool.
+        self._handles.clear()
+
+
+def open_heap(group=None) -> SymmetricHeap:
+    """The symmetric heap for `group` (default: the world): NVSHMEM if nvshmem4py imports, else torch's."""
+    disable_multicast()
+    try:
+        import nvshmem.core  # noqa: F401  (only probing whether nvshmem4py is installed)
+    except ImportError:
+        return TorchSymmHeap(group)
+    return NvshmemHeap(group)

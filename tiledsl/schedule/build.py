@@ -1,0 +1,326 @@
+"""From syntax tree to schedule graph: resolve names, turn sizes and index maps into sympy, give every
+tile and chunk its regions and every value its shape and dtype. Mistakes are collected, not raised one
+by one, so that a user sees all of them at once."""
+from __future__ import annotations
+
+import difflib
+
+import sympy
+
+from tiledsl.diagnostics import Diagnostic, Note, TdsError, error
+from tiledsl.grammar import ast
+from tiledsl.schedule import ir
+from tiledsl.schedule.values import ValueBuilder
+
+BUILTIN_SIZES = {"world": ir.WORLD}
+
+
+class _Scope:
+    """The names an expression may use, with what they are."""
+
+    def __init__(self, sizes: dict[str, sympy.Expr], indices: dict[str, sympy.Symbol] | None = None):
+        self.sizes = sizes
+        self.indices = dict(indices or {})
+
+    def child(self, **indices: sympy.Symbol) -> "_Scope":
+        return _Scope(self.sizes, {**self.indices, **indices})
+
+    def lookup(self, name: str) -> sympy.Expr | None:
+        if name in self.indices:
+            return self.indices[name]
+        return self.sizes.get(name)
+
+    def names(self) -> list[str]:
+        return list(self.sizes) + list(self.indices)
+
+
+class Builder:
+    def __init__(self, program: ast.Program):
+        self.program = program
+        self.diagnostics: list[Diagnostic] = []
+        self.conditions: list[ir.Condition] = []
+        self.declared: dict[str, ast.Span] = {}
+        self.consts: dict[str, int] = {}
+        self.tunables: dict[str, tuple[int, ...]] = {}
+        self.sizes: dict[str, sympy.Expr] = dict(BUILTIN_SIZES)
+        self.tensors: dict[str, ir.Tensor] = {}
+
+    # ---- diagnostics ----------------------------------------------------------------------------
+    def fail(self, message: str, span: ast.Span, hint: str | None = None, notes=()) -> None:
+        self.diagnostics.append(error(message, span, hint, tuple(notes)))
+
+    def declare(self, name: ast.Name) -> bool:
+        if name.id in self.declared:
+            first = self.declared[name.id]
+            self.fail(f"'{name.id}' is already declared", name.span,
+                      notes=[Note(f"'{name.id}' was first declared here", first)])
+            return False
+        self.declared[name.id] = name.span
+        return True
+
+    def unknown(self, name: ast.Name, candidates) -> None:
+        guess = difflib.get_close_matches(name.id, list(candidates), n=1)
+        self.fail(f"unknown name '{name.id}'", name.span, hint=f"did you mean '{guess[0]}'?" if guess else None)
+
+    # ---- sizes ----------------------------------------------------------------------------------
+    def size(self, expr: ast.Expr, scope: _Scope) -> sympy.Expr | None:
+        """An integer expression. `/` floors where an index is involved; between sizes it must divide
+        exactly, which becomes a launch-time condition unless sympy proves it."""
+        if isinstance(expr, ast.Num):
+            if isinstance(expr.value, float):
+                self.fail("sizes and indices are integers", expr.span)
+                return None
+            return sympy.Integer(expr.value)
+        if isinstance(expr, ast.Name):
+            found = scope.lookup(expr.id)
+            if found is None:
+                if expr.id in self.tensors:
+                    self.fail(f"'{expr.id}' is a tensor; a size or index is needed here", expr.span)
+                else:
+                    self.unknown(expr, scope.names())
+            return found
+        if isinstance(expr, ast.Neg):
+            inner = self.size(expr.operand, scope)
+            return None if inner is None else -inner
+        if isinstance(expr, ast.BinOp):
+            if expr.op == "@":
+                self.fail("'@' (a matrix product) cannot appear in a size or index", expr.span)
+                return None
+            left, right = self.size(expr.left, scope), self.size(expr.right, scope)
+            if left is None or right is None:
+                return None
+            if expr.op == "+":
+                return left + right
+            if expr.op == "-":
+                return left - right
+            if expr.op == "*":
+                return left * right
+            if right == 0:
+                self.fail("division by zero", expr.span)
+                return None
+            if expr.op == "mod":
+                return sympy.Mod(left, right)
+            return self.divide(left, right, expr.span, scope)
+        if isinstance(expr, ast.Call):
+            return self.size_call(expr, scope)
+        if isinstance(expr, ast.Subscript) and isinstance(expr.base, ast.Name) and expr.base.id in self.tensors:
+            self.fail("sizes read from a tensor (data-dependent sizes) are not supported yet", expr.span)
+            return None
+        self.fail("expected a size or index expression", expr.span)
+        return None
+
+    def divide(self, left, right, span, scope) -> sympy.Expr:
+        index_symbols = set(scope.indices.values()) | {ir.RANK}
+        if (left.free_symbols | right.free_symbols) & index_symbols:
+            return sympy.floor(left / right)
+        quotient = left / right
+        if quotient.is_integer is not True:
+            self.conditions.append(ir.Condition(
+                sympy.Eq(sympy.Mod(left, right), 0), f"{left} must be divisible by {right}", span))
+        return quotient
+
+    def size_call(self, call: ast.Call, scope: _Scope) -> sympy.Expr | None:
+        arity = {"cdiv": 2, "min": 2, "max": 2}
+        if call.func not in arity:
+            self.fail(f"unknown size function '{call.func}'", call.span, hint="sizes may use cdiv, min and max")
+            return None
+        if len(call.args) != arity[call.func]:
+            self.fail(f"{call.func}() takes {arity[call.func]} arguments, not {len(call.args)}", call.span)
+            return None
+        args = [self.size(a, scope) for a in call.args]
+        if any(a is None for a in args):
+            return None
+        if call.func == "cdiv":
+            return sympy.ceiling(args[0] / args[1])
+        return (sympy.Min if call.func == "min" else sympy.Max)(*args)
+
+    def constant(self, expr: ast.Expr, scope: _Scope, what: str) -> int | None:
+        value = self.size(expr, scope)
+        if value is None:
+            return None
+        if not value.is_Integer:
+            self.fail(f"{what} must be known at compile time; this depends on {sorted(map(str, value.free_symbols))}",
+                      expr.span)
+            return None
+        if int(value) <= 0:
+            self.fail(f"{what} must be positive, not {int(value)}", expr.span)
+            return None
+        return int(value)
+
+    # ---- declarations ---------------------------------------------------------------------------
+    def run(self) -> ir.Schedule:
+        program = self.program
+        params: list[str] = []
+        lets_scope = _Scope(self.sizes)
+        for decl in program.decls:
+            if isinstance(decl, ast.ParamDecl):
+                for name in decl.names:
+                    if self.declare(name):
+                        params.append(name.id)
+                        self.sizes[name.id] = ir.size_symbol(name.id)
+            elif isinstance(decl, ast.ConstDecl):
+                value = self.constant(decl.value, lets_scope, f"const {decl.name.id}")
+                if self.declare(decl.name) and value is not None:
+                    self.consts[decl.name.id] = value
+                    self.sizes[decl.name.id] = ir.size_symbol(decl.name.id)
+            elif isinstance(decl, ast.TuneDecl):
+                choices = [self.constant(c, lets_scope, f"a choice of {decl.name.id}") for c in decl.choices]
+                if self.declare(decl.name) and None not in choices:
+                    self.tunables[decl.name.id] = tuple(choices)
+                    self.consts[decl.name.id] = choices[0]
+                    self.sizes[decl.name.id] = ir.size_symbol(decl.name.id)
+            elif isinstance(decl, ast.LetDecl):
+                value = self.size(decl.value, lets_scope)
+                if self.declare(decl.name) and value is not None:
+                    self.sizes[decl.name.id] = value
+            elif isinstance(decl, ast.TensorDecl):
+                self.tensor(decl, lets_scope)
+        families: dict[str, ir.Family] = {}
+        values = ValueBuilder(self)
+        for decl in program.decls:
+            if isinstance(decl, (ast.ChunkDecl, ast.TileDecl)) and self.declare(decl.name):
+                family = self.family(decl, values)
+                if family is not None:
+                    families[family.name] = family
+        edges = [e for decl in program.of(ast.EdgeDecl) for e in self.edges(decl, families)]
+        for decl in program.of(ast.OrderDecl):
+            self.order(decl, families)
+        for decl in program.of(ast.PlaceDecl):
+            self.place(decl, families)
+        if self.diagnostics:
+            raise TdsError(self.diagnostics, program.path, program.source)
+        return ir.Schedule(program, tuple(params), dict(self.consts), dict(self.tunables), dict(self.tensors),
+                           families, tuple(edges), tuple(self.conditions))
+
+    def tensor(self, decl: ast.TensorDecl, scope: _Scope) -> None:
+        dtype = ir.DTYPES.get(decl.dtype.id)
+        if dtype is None:
+            guess = difflib.get_close_matches(decl.dtype.id, list(ir.DTYPES), n=1)
+            self.fail(f"unknown dtype '{decl.dtype.id}'", decl.dtype.span,
+                      hint=f"did you mean '{guess[0]}'?" if guess else "dtypes: " + ", ".join(ir.DTYPES))
+        shape = [self.size(d, scope) for d in decl.shape]
+        if self.declare(decl.name) and dtype is not None and None not in shape:
+            self.tensors[decl.name.id] = ir.Tensor(decl.name.id, ir.Role(decl.role), dtype, tuple(shape), decl.span)
+
+    def engine(self, engine: ast.Engine | None, kind: ir.Kind, scope: _Scope) -> ir.Engine | None:
+        if engine is None:
+            default = ir.EngineKind.SMS
+            return ir.Engine(default, None if kind is ir.Kind.TILE else 4, ast.Span.none())
+        try:
+            engine_kind = ir.EngineKind(engine.kind.id)
+        except ValueError:
+            guess = difflib.get_close_matches(engine.kind.id, [k.value for k in ir.EngineKind], n=1)
+            self.fail(f"unknown engine '{engine.kind.id}'", engine.kind.span,
+                      hint=f"did you mean '{guess[0]}'?" if guess else "engines: copy_engine, sms(N), nvshmem(N)")
+            return None
+        if engine_kind is ir.EngineKind.COPY_ENGINE:
+            if kind is ir.Kind.TILE:
+                self.fail("tiles compute on SMs; the copy engine only copies", engine.span, hint="on sms(rest)")
+                return None
+            if engine.amount is not None:
+                self.fail("the copy engine takes no program count", engine.amount.span)
+            return ir.Engine(engine_kind, None, engine.span)
+        if isinstance(engine.amount, ast.Name) and engine.amount.id == "rest":
+            return ir.Engine(engine_kind, None, engine.span)
+        if engine.amount is None:
+            return ir.Engine(engine_kind, None if kind is ir.Kind.TILE else 1, engine.span)
+        programs = self.constant(engine.amount, scope, "a program count")
+        return None if programs is None else ir.Engine(engine_kind, programs, engine.span)
+
+    def index_space(self, indices, scope: _Scope):
+        symbols, space = {}, []
+        for var in indices:
+            extent = self.size(var.extent, scope)
+            if var.name.id in symbols or var.name.id in self.sizes:
+                self.fail(f"index '{var.name.id}' shadows another name", var.name.span)
+                continue
+            symbols[var.name.id] = ir.index_symbol(var.name.id)
+            if extent is not None:
+                space.append((symbols[var.name.id], extent))
+        return symbols, tuple(space)
+
+    def family(self, decl, values: ValueBuilder) -> ir.Family | None:
+        base = _Scope(self.sizes, {"rank": ir.RANK})
+        symbols, space = self.index_space(decl.indices, base)
+        scope = base.child(**symbols)
+        kind = ir.Kind.TILE if isinstance(decl, ast.TileDecl) else ir.Kind.CHUNK
+        engine = self.engine(decl.engine, kind, scope)
+        before = len(self.diagnostics)
+        if kind is ir.Kind.CHUNK:
+            family = values.chunk(decl, scope, space, engine)
+        else:
+            family = values.tile(decl, scope, space, engine)
+        if len(self.diagnostics) > before or engine is None:
+            return None
+        return family
+
+    # ---- edges, order, placement ----------------------------------------------------------------
+    def edges(self, decl: ast.EdgeDecl, families: dict[str, ir.Family]) -> list[ir.Edge]:
+        consumer = self.family_named(decl.consumer, families)
+        if consumer is None:
+            return []
+        if len(decl.bound) != len(consumer.indices):
+            self.fail(f"'{consumer.name}' has {len(consumer.indices)} indices, the edge names {len(decl.bound)}",
+                      decl.consumer.span)
+            return []
+        renamed = {b.id: sym for b, (sym, _) in zip(decl.bound, consumer.indices)}
+        scope = _Scope(self.sizes, {"rank": ir.RANK, **renamed})
+        out = []
+        for dep in decl.deps:
+            producer = self.family_named(dep.family, families)
+            if producer is None:
+                continue
+            if len(dep.index) != len(producer.indices):
+                self.fail(f"'{producer.name}' has {len(producer.indices)} indices, this names {len(dep.index)}",
+                          dep.span)
+                continue
+            index_map = tuple(None if isinstance(i, ast.AllInstances) else self.size(i, scope) for i in dep.index)
+            if isinstance(dep.ranks, ast.EveryRank):
+                ranks, rank_expr = ir.RankSet.EVERY, None
+            elif dep.ranks is None:
+                ranks, rank_expr = ir.RankSet.LOCAL, None
+            else:
+                ranks, rank_expr = ir.RankSet.AT, self.size(dep.ranks, scope)
+            if producer.name == consumer.name and ranks is not ir.RankSet.LOCAL:
+                self.fail("a family may only wait on its own instances on the same rank", dep.span)
+            out.append(ir.Edge(consumer.name, producer.name, index_map, ranks, rank_expr, dep.span))
+        return out
+
+    def family_named(self, name: ast.Name, families: dict[str, ir.Family]) -> ir.Family | None:
+        if name.id not in families:
+            if name.id not in self.declared:
+                self.unknown(name, families)
+            elif name.id in self.tensors or name.id in self.sizes:
+                self.fail(f"'{name.id}' is not a tile or chunk family", name.span)
+            return None
+        return families[name.id]
+
+    def order(self, decl: ast.OrderDecl, families: dict[str, ir.Family]) -> None:
+        family = self.family_named(decl.family, families)
+        if family is None:
+            return
+        if family.order:
+            self.fail(f"'{family.name}' already has an order", decl.span)
+            return
+        scope = _Scope(self.sizes, {"rank": ir.RANK, **dict(zip(family.index_names, (s for s, _ in family.indices)))})
+        keys = tuple(self.size(k, scope) for k in decl.keys)
+        if None not in keys:
+            families[family.name] = _replace(family, order=keys)
+
+    def place(self, decl: ast.PlaceDecl, families: dict[str, ir.Family]) -> None:
+        family = self.family_named(decl.family, families)
+        if family is None:
+            return
+        engine = self.engine(decl.engine, family.kind, _Scope(self.sizes))
+        if engine is not None:
+            families[family.name] = _replace(family, engine=engine)
+
+
+def _replace(family: ir.Family, **changes) -> ir.Family:
+    import dataclasses
+    return dataclasses.replace(family, **changes)
+
+
+def build_schedule(program: ast.Program) -> ir.Schedule:
+    """Resolve and type a parsed program; raise TdsError with every mistake found."""
+    return Builder(program).run()

@@ -1,0 +1,197 @@
+"""The schedule graph: families of tiles and chunks over index spaces, the regions each instance
+reads and writes, and the edges between them. Sizes and index maps are sympy expressions over the
+program's symbols (params, consts, `rank`, `world`, family indices); `let` names are expanded."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+import sympy
+
+from tiledsl.grammar import ast
+
+
+class Role(enum.Enum):
+    IN = "in"        # the caller's tensor, read only
+    OUT = "out"      # the caller's tensor, written by the program
+    INOUT = "inout"  # the caller's tensor, read and then overwritten
+    SYMM = "symm"    # on the symmetric heap: one copy per rank, `X@r` reaches rank r's
+    LOCAL = "local"  # rank-local scratch owned by the compiled program
+
+
+class EngineKind(enum.Enum):
+    COPY_ENGINE = "copy_engine"  # DMA copies on the communication stream; a stream write signals
+    SMS = "sms"                  # Triton programs doing loads and stores (peer stores over NVLink)
+    NVSHMEM = "nvshmem"          # nvshmemx_putmem_signal_block from Triton programs
+
+
+class Kind(enum.Enum):
+    TILE = "tile"    # compute over blocks
+    CHUNK = "chunk"  # a copy of one region to another, possibly across ranks, possibly reducing
+
+
+DTYPES = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32", "fp32": "float32",
+          "f64": "float64", "i32": "int32", "i64": "int64", "i8": "int8", "u8": "uint8"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    role: Role
+    dtype: str                      # a key of DTYPES' values: bfloat16, float32, ...
+    shape: tuple[sympy.Expr, ...]
+    span: ast.Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One dimension of a region: elements start .. start+size-1, clipped at the tensor's bound."""
+    start: sympy.Expr
+    size: sympy.Expr
+    kept: bool  # False for a point index (`X[s, ...]`): the value loses this dimension
+
+
+@dataclass(frozen=True)
+class Region:
+    tensor: str
+    owner: sympy.Expr | None  # the rank whose copy is accessed; None is this rank
+    dims: tuple[Dim, ...]
+    span: ast.Span = field(compare=False)
+
+    @property
+    def shape(self) -> tuple[sympy.Expr, ...]:
+        return tuple(d.size for d in self.dims if d.kept)
+
+
+# ---- values computed by tiles ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Load:
+    region: Region
+
+
+@dataclass(frozen=True)
+class Scalar:
+    value: Union[int, float]
+
+
+@dataclass(frozen=True)
+class Map:
+    """An elementwise function of its arguments (+ - * / max min, casts, activations, rmsnorm)."""
+    func: str
+    args: tuple["Value", ...]
+
+
+@dataclass(frozen=True)
+class MatMul:
+    left: "Value"   # [m, k]
+    right: "Value"  # [k, n]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """sum(body for var in range(extent)), the body loaded once per value of var."""
+    var: sympy.Symbol
+    extent: sympy.Expr
+    body: "Value"
+
+
+Value = Union[Load, Scalar, Map, MatMul, Reduce]
+
+
+@dataclass(frozen=True)
+class Store:
+    target: Region
+    value: Value
+    dtype: str  # of the value before it is cast to the target's dtype
+    shape: tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Engine:
+    kind: EngineKind
+    programs: int | None  # SM programs for SMS / NVSHMEM roles; None: all programs left over
+    span: ast.Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: Kind
+    indices: tuple[tuple[sympy.Symbol, sympy.Expr], ...]  # (index, extent): instances 0..extent-1
+    engine: Engine
+    reads: tuple[Region, ...]
+    writes: tuple[Region, ...]
+    stores: tuple[Store, ...] = ()           # tiles: what each instance computes
+    reduce: str | None = None                # chunks: "add" accumulates into the target
+    split: int = 1                           # chunks: parts of one instance, signalled separately
+    order: tuple[sympy.Expr, ...] = ()       # sort keys over the indices, rank and world
+    # variables other than the indices that regions mention (`s` in sum(... for s in world)), with extents
+    loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
+    span: ast.Span = field(compare=False, default_factory=ast.Span.none)
+
+    @property
+    def index_names(self) -> tuple[str, ...]:
+        return tuple(str(s) for s, _ in self.indices)
+
+
+class RankSet(enum.Enum):
+    LOCAL = "local"  # the producer instance on the consumer's own rank
+    EVERY = "every"  # the producer instance on every rank
+    AT = "at"        # the producer instance on the rank given by `rank_expr`
+
+
+@dataclass(frozen=True)
+class Edge:
+    consumer: str
+    producer: str
+    # one entry per producer index, over the consumer's indices, rank and world; None is `*`
+    index_map: tuple[sympy.Expr | None, ...]
+    ranks: RankSet
+    rank_expr: sympy.Expr | None
+    span: ast.Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A fact the program needs that only the launch sizes decide (divisibility, bounds)."""
+    holds: sympy.Expr  # a sympy relation or `Eq(Mod(a, b), 0)` over params, consts and world
+    message: str
+    span: ast.Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    program: ast.Program
+    params: tuple[str, ...]
+    consts: dict[str, int]                  # compile-time sizes, tunables at their default
+    tunables: dict[str, tuple[int, ...]]
+    tensors: dict[str, Tensor]
+    families: dict[str, Family]             # in source order
+    edges: tuple[Edge, ...]
+    conditions: tuple[Condition, ...]
+
+    @property
+    def name(self) -> str:
+        return self.program.name.id
+
+    def staged_inputs(self) -> tuple[str, ...]:
+        """Caller tensors that some family reads on a peer (`X@s`): copied to the heap at each call."""
+        peers = {r.tensor for f in self.families.values() for r in f.reads if r.owner is not None}
+        return tuple(n for n, t in self.tensors.items() if n in peers and t.role in (Role.IN, Role.INOUT))
+
+
+
+def size_symbol(name: str) -> sympy.Symbol:
+    """Params, consts and `world`: positive integers."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def index_symbol(name: str) -> sympy.Symbol:
+    """`rank`, family indices and reduction variables: nonnegative integers."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+RANK = index_symbol("rank")
+WORLD = size_symbol("world")
