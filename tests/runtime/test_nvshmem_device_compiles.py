@@ -1,12 +1,11 @@
 """NVSHMEM device calls from stock Triton compile and link for sm_90 with no GPU (needs nvidia-nvshmem-cu13)."""
 import pytest
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-triton = pytest.importorskip("triton")
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from tiledsl.runtime import nvshmem_device  # noqa: E402
+from tiledsl.runtime import nvshmem_device
 
 
 @triton.jit

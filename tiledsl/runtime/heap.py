@@ -74,7 +74,7 @@ class SymmetricHeap:
         self._offsets.clear()
         self._release(allocations)
 
-    def __enter__(self) -> "SymmetricHeap":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -100,6 +100,7 @@ class _ProcessGroupHeap(SymmetricHeap):
     """A heap whose ranks are the ranks of an initialised torch.distributed process group, one GPU each."""
 
     def __init__(self, group=None):
+        disable_multicast()  # before NVSHMEM or torch's symmetric memory initialise and read it
         if not dist.is_initialized():
             raise RuntimeError("a symmetric heap needs torch.distributed initialised first (init_process_group)")
         self.group = group if group is not None else dist.group.WORLD
@@ -145,10 +146,9 @@ class NvshmemHeap(_ProcessGroupHeap):
         return self._nvshmem.tensor(shape, dtype=dtype)
 
     def _peer(self, t, r):
-        peer = self._nvshmem.get_peer_tensor(t, r)
-        if peer.data_ptr() == 0:  # nvshmem_ptr gives NULL for a PE not reachable by loads and stores
-            raise RuntimeError(f"rank {r}'s symmetric memory is not mapped here (another node?)")
-        return peer
+        # Asked for our own PE, nvshmem4py hands back the allocation itself with its reference count raised,
+        # so free_tensor would then never reach zero and never call nvshmem_free.
+        return t if r == self.rank else self._nvshmem.get_peer_tensor(t, r)
 
     def _release(self, allocations):
         atexit.unregister(self.close)
