@@ -1,2 +1,8 @@
 """tiledsl: a language, compiler and runtime for GPU kernels that overlap communication with compute."""
 __version__ = "0.1.0"
+
+
+def compile(source, heap=None, **options):  # noqa: A001 - the natural name, as in torch.compile
+    """See tiledsl.api.compile."""
+    from tiledsl.api import compile as _compile
+    return _compile(source, heap, **options)

@@ -1,0 +1,50 @@
+"""`tiledsl.compile`: a .tds program to a callable bound to this rank."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from tiledsl import pipeline
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("TILEDSL_CACHE", Path(tempfile.gettempdir()) / f"tiledsl-{os.getuid()}"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_module(source, consts: dict | None = None):
+    """Generate, write and import the module of a program (Triton reads kernel source from files)."""
+    compilation = pipeline.run(source, until="module", consts=consts)
+    text = compilation.module
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    name = f"tds_{compilation.program.name.id}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = cache_dir() / f"{name}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: float = 5.0,  # noqa: A001
+            dtype_override: dict | None = None, num_sms: int | None = None, **consts):
+    """Compile a program (a path to a .tds file, or its text) and bind it to this rank.
+
+    `heap` is the symmetric heap shared with the other ranks (`tiledsl.runtime.heap.open_heap()` under
+    torchrun); `consts` override the program's consts and tunables (`BK=128`). The result is called
+    with the program's in/out/inout tensors and returns its out/inout tensors. A wait that runs past
+    `wait_timeout_s` raises ScheduleTimeout naming the rank, edge and epoch."""
+    module = build_module(source, consts)
+    return module.load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
+                       dtype_override=dtype_override, num_sms=num_sms)

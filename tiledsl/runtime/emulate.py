@@ -1,0 +1,107 @@
+"""Emulated ranks: the generated kernels run in Triton's interpreter on CPU tensors, one process per
+rank, over a symmetric heap in shared memory. Processes, not threads: the interpreter keeps the
+program id in global state and undoes its patching of triton.language when any launch ends, so two
+ranks in one process would corrupt each other."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import traceback
+
+import torch
+
+from tiledsl.runtime.heap import SymmetricHeap
+
+ARENA_BYTES = 256 * 2**20     # per rank; emulated problems are small
+ALIGN = 256
+# The interpreter semantics we rely on (peer pointer arithmetic, acquire/release atomics, host tensor
+# descriptors) were checked with these Triton releases.
+TESTED_TRITON = ("3.4", "3.5", "3.6", "3.7", "3.8", "3.9")
+
+
+class EmulatedHeap(SymmetricHeap):
+    """Every rank's copy lives in one shared-memory arena per rank, at the same offset in each."""
+
+    def __init__(self, rank: int, world: int, arenas: list[torch.Tensor], barrier):
+        super().__init__(rank, world, torch.device("cpu"))
+        self.arenas = arenas
+        self._barrier = barrier
+        self._next = 0
+        self._offset: dict[int, int] = {}
+
+    def barrier(self) -> None:
+        self._barrier.wait()
+
+    def _allocate(self, shape, dtype):
+        element = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(1, int(torch.Size(shape).numel())) * element
+        start = self._next
+        self._next = (start + nbytes + ALIGN - 1) // ALIGN * ALIGN
+        if self._next > ARENA_BYTES:
+            raise MemoryError(f"emulated symmetric heap is full ({ARENA_BYTES // 2**20} MiB per rank)")
+        tensor = self.arenas[self.rank][start:start + nbytes].view(dtype).view(shape)
+        self._offset[tensor.data_ptr()] = start
+        return tensor
+
+    def _peer(self, t, r):
+        start = self._offset[t.data_ptr()]
+        return self.arenas[r][start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+
+    def _release(self, allocations):
+        self._next = 0
+
+
+def check_interpreter() -> None:
+    import triton
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("emulation needs TRITON_INTERPRET=1 before triton is imported")
+    if not triton.__version__.startswith(TESTED_TRITON):
+        raise RuntimeError(f"emulation was tested with triton {', '.join(TESTED_TRITON)}; "
+                           f"this is triton {triton.__version__}")
+
+
+def _rank_main(fn, rank, world, arenas, barrier, results, args):
+    os.environ["TRITON_INTERPRET"] = "1"
+    torch.set_num_threads(1)
+    try:
+        check_interpreter()
+        heap = EmulatedHeap(rank, world, arenas, barrier)
+        results.put((rank, True, fn(heap, *args)))
+    except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
+        barrier.abort()  # free ranks stuck in a host barrier with this one
+        results.put((rank, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def run_ranks(fn, world: int, *args, timeout_s: float = 600.0) -> list:
+    """Run `fn(heap, *args)` on `world` emulated ranks, each its own process; return their results.
+
+    `fn` must be importable (a module-level function). Raises RuntimeError naming the first rank
+    that failed, with its message."""
+    if world < 1:
+        raise ValueError("world must be at least 1")
+    os.environ["TRITON_INTERPRET"] = "1"
+    context = multiprocessing.get_context("spawn")
+    arenas = [torch.zeros(ARENA_BYTES, dtype=torch.uint8).share_memory_() for _ in range(world)]
+    barrier = context.Barrier(world)
+    results = context.Queue()
+    procs = [context.Process(target=_rank_main, args=(fn, r, world, arenas, barrier, results, args), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out, failures = {}, []
+    try:
+        for _ in range(world):
+            rank, ok, value = results.get(timeout=timeout_s)
+            (out.__setitem__(rank, value) if ok else failures.append((rank, value)))
+    except queue.Empty:
+        failures.append((-1, f"emulated ranks did not finish within {timeout_s:.0f} s"))
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    if failures:
+        rank, message = sorted(failures)[0]
+        raise RuntimeError(f"rank {rank}: {message}" if rank >= 0 else message)
+    return [out[r] for r in range(world)]

@@ -1,0 +1,361 @@
+"""The launcher behind every generated module: checks the caller's tensors, binds sizes, owns the
+symmetric buffers and signals, and runs one call: stage inputs, entry barrier, copy-engine chunks on
+the communication stream, the persistent kernel on the compute stream, then the deadline check.
+
+On a GPU every kernel family runs in one launch, concurrently. Emulated (Triton's interpreter, one
+process per rank) the families run one after another in dependency order, each in its own launch: a
+legal serialisation of the same schedule, since every edge points forward in that order."""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from tiledsl.runtime import sync
+
+NUM_SMS_DEFAULT = 132
+# Spin reads per second of waiting, roughly: they turn `wait_timeout_s` into a bound on spins.
+SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
+
+
+class LaunchError(ValueError):
+    """A caller's tensor or size does not fit the program; the message names which and why."""
+
+
+class ScheduleTimeout(RuntimeError):
+    """A wait ran past its bound: the message names the rank, the edge and the epochs."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    role: str
+    dtype: str
+    staged: bool
+    peers: bool
+    where: str
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    kind: str
+    engine: str
+    programs: int | None
+    notify: str | None
+    split: int
+    ordered: bool
+    matmul: bool
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def linear(index: tuple, extents: tuple) -> int:
+    out = 0
+    for i, e in zip(index, extents):
+        out = out * e + i
+    return out
+
+
+def unlinear(number: int, extents: tuple) -> tuple:
+    out = []
+    for e in reversed(extents):
+        out.append(number % e)
+        number //= e
+    return tuple(reversed(out))
+
+
+class Program:
+    """A compiled program bound to a rank. Call it with the caller's tensors (in, out and inout, in
+    declaration order, or by name); it returns the out and inout tensors."""
+
+    def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
+                 dtype_override: dict | None = None, num_sms: int | None = None, **consts):
+        self.module = module
+        self.emulated = sync.EMULATED if emulated is None else emulated
+        if self.emulated and not sync.EMULATED:
+            raise RuntimeError("emulation needs TRITON_INTERPRET=1 set before triton is imported")
+        if consts:
+            raise LaunchError("consts are fixed when the program is built: pass them to tiledsl.compile()")
+        self.heap = heap
+        self.dtype_override = dtype_override or {}
+        mode = "emulated" if self.emulated else "gpu"
+        self.max_spins = max(1, int(wait_timeout_s * SPINS_PER_SECOND[mode]))
+        self.num_sms = num_sms
+        self.epoch = 0
+        self.callers = [t for t in module.TENSORS if t.role in ("in", "out", "inout")]
+        self._resources: dict = {}
+        self._comm_stream = None
+
+    # ---- the caller's tensors -------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.heap.rank if self.heap is not None else 0
+
+    @property
+    def world(self) -> int:
+        return self.heap.world if self.heap is not None else 1
+
+    def _bind(self, args, kwargs) -> dict[str, torch.Tensor]:
+        names = [t.name for t in self.callers]
+        if len(args) > len(names):
+            raise LaunchError(f"{self.module.__name__} takes {len(names)} tensors ({', '.join(names)}), "
+                              f"got {len(args)}")
+        bound = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names:
+                raise LaunchError(f"unknown tensor '{name}'; the program takes {', '.join(names)}")
+            if name in bound:
+                raise LaunchError(f"tensor '{name}' given twice")
+            bound[name] = value
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise LaunchError(f"missing tensor(s) {', '.join(missing)}; the program takes {', '.join(names)}")
+        for spec in self.callers:
+            if not isinstance(bound[spec.name], torch.Tensor):
+                raise LaunchError(f"'{spec.name}' must be a torch.Tensor, got {type(bound[spec.name]).__name__}")
+        return bound
+
+    def _sizes(self, tensors: dict[str, torch.Tensor]) -> dict:
+        shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+        for spec in self.callers:
+            expected_rank = len(self.module.tensor_shapes(self._dummy_env())[spec.name])
+            if len(shapes[spec.name]) != expected_rank:
+                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected {expected_rank} dimensions, "
+                                  f"got shape {list(shapes[spec.name])}")
+        env = {"rank": self.rank, "world": self.world, **self.module.CONSTS}
+        try:
+            env.update(self.module.infer_params(shapes, self.world))
+        except ZeroDivisionError:
+            raise LaunchError("a tensor has a zero-sized dimension") from None
+        for ok, message in self.module.conditions(env):
+            if not ok:
+                detail = ", ".join(f"{p}={env[p]}" for p in self.module.PARAMS)
+                raise LaunchError(f"{message}; got {detail}, world={self.world}")
+        expected = self.module.tensor_shapes(env)
+        for spec in self.callers:
+            tensor = tensors[spec.name]
+            want_dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
+            if tuple(tensor.shape) != tuple(expected[spec.name]):
+                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected shape {list(expected[spec.name])}, "
+                                  f"got {list(tensor.shape)}")
+            if tensor.dtype != want_dtype:
+                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected dtype {want_dtype}, got {tensor.dtype}")
+            if not tensor.is_contiguous():
+                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): must be contiguous (call .contiguous())")
+            if tensor.device != self.device:
+                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected device {self.device}, "
+                                  f"got {tensor.device}")
+        return env
+
+    def _dummy_env(self) -> dict:
+        env = {"rank": 0, "world": max(1, self.world), **self.module.CONSTS}
+        env.update({p: self.world * 4096 for p in self.module.PARAMS})
+        return env
+
+    @property
+    def device(self) -> torch.device:
+        if self.heap is not None:
+            return self.heap.device
+        return torch.device("cpu") if self.emulated else torch.device("cuda", torch.cuda.current_device())
+
+    # ---- buffers, signals and tables for one set of sizes ---------------------------------------
+    def _resources_for(self, env: dict) -> dict:
+        key = tuple(sorted((k, v) for k, v in env.items() if k in self.module.PARAMS))
+        if key in self._resources:
+            return self._resources[key]
+        if self.heap is None and (self.module.DISTRIBUTED or self.world > 1):
+            raise LaunchError("this program communicates: give it a symmetric heap "
+                              "(tiledsl.runtime.heap.open_heap() under torchrun)")
+        shapes = self.module.tensor_shapes(env)
+        counts = self.module.counts(env)
+        res: dict = {}
+        for spec in self.module.TENSORS:
+            dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
+            if spec.role == "symm" or spec.staged:
+                res[spec.name] = self.heap.alloc(shapes[spec.name], dtype)
+            elif spec.role == "local":
+                res[spec.name] = torch.empty(shapes[spec.name], dtype=dtype, device=self.device)
+        for spec in self.module.FAMILIES:
+            if spec.notify:
+                slots = counts[spec.name] * spec.split
+                res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots))
+        if self.module.DISTRIBUTED:
+            res["barrier"] = self._alloc_signals((self.world,))
+        for name, order in self.module.orders(env).items():
+            res[f"order_{name}"] = order
+            res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
+        res["blocks"] = self.module.blocks(env)
+        res["diag"] = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
+        self._resources[key] = res
+        return res
+
+    def _alloc_signals(self, shape):
+        if self.heap is not None:
+            return self.heap.alloc(shape, torch.int32)
+        return torch.zeros(shape, dtype=torch.int32, device=self.device)
+
+    def _peer_offsets(self, tensor):
+        if self.heap is None:
+            return torch.zeros(1, dtype=torch.int64, device=self.device)
+        return self.heap.peer_offsets(tensor)
+
+    # ---- one call -------------------------------------------------------------------------------
+    def __call__(self, *args, check: bool = True, **kwargs):
+        tensors = self._bind(args, kwargs)
+        env = self._sizes(tensors)
+        res = self._resources_for(env)
+        self.epoch += 1
+        views = dict(tensors)
+        for spec in self.module.TENSORS:
+            if spec.staged:
+                res[spec.name].copy_(tensors[spec.name])
+            if spec.name in res:
+                views[spec.name] = res[spec.name]
+        if self.module.DISTRIBUTED:
+            self._barrier(res)
+        if self.emulated:
+            self._run_serialised(env, res, views)
+        else:
+            self._run_concurrent(env, res, views)
+        if check:
+            self.check()
+        outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _barrier(self, res):
+        args = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world, self.epoch,
+                res["diag"], self.max_spins)
+        sync.barrier_all[(1,)](*args)
+
+    def _kernel_args(self, env, res, views) -> dict:
+        a = {**env, **res["blocks"], "epoch": self.epoch, "diag": res["diag"], "max_spins": self.max_spins}
+        for spec in self.module.TENSORS:
+            a[spec.name] = views[spec.name]
+            if spec.peers:
+                a[f"peers_{spec.name}"] = self._peer_offsets(views[spec.name])
+        for spec in self.module.FAMILIES:
+            if spec.notify:
+                a[f"sig_{spec.name}"] = res[f"sig_{spec.name}"]
+                if spec.notify == "all":
+                    a[f"peers_sig_{spec.name}"] = self._peer_offsets(res[f"sig_{spec.name}"])
+            if spec.ordered:
+                a[f"order_{spec.name}"] = res[f"order_table_{spec.name}"]
+            if spec.matmul:
+                a.update(self._descriptors(spec.name, env, views))
+        return a
+
+    def _descriptors(self, family, env, views) -> dict:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        left, right, block_m, block_n, block_k = self.module.matmuls(env)[family]
+        return {f"desc_{family}_a": TensorDescriptor.from_tensor(views[left], [block_m, block_k]),
+                f"desc_{family}_b": TensorDescriptor.from_tensor(views[right], [block_k, block_n])}
+
+    def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
+        """RUN/START/PROGRAMS for every kernel family, and the grid size."""
+        counts = self.module.counts(env)
+        kernel = [f for f in self.module.FAMILIES if f.engine != "copy_engine"]
+        roles, start = {}, 0
+        if only is not None:
+            for f in kernel:
+                roles.update({f"RUN_{f.name}": f.name == only, f"START_{f.name}": 0, f"PROGRAMS_{f.name}": 1})
+            return roles, 1
+        num_sms = self.num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
+        for f in kernel:
+            if f.programs is not None:
+                programs = max(1, min(f.programs, counts[f.name] * f.split))
+                roles.update({f"RUN_{f.name}": True, f"START_{f.name}": start, f"PROGRAMS_{f.name}": programs})
+                start += programs
+        shared = [f for f in kernel if f.programs is None]
+        rest = min(max(1, num_sms - start), max([counts[f.name] * f.split for f in shared] or [0]))
+        for f in shared:
+            roles.update({f"RUN_{f.name}": True, f"START_{f.name}": start, f"PROGRAMS_{f.name}": rest})
+        return roles, start + (rest if shared else 0)
+
+    def _options(self) -> dict:
+        matmul = any(f.matmul for f in self.module.FAMILIES)
+        options = {"num_warps": 8 if matmul else 4, "num_stages": 3 if matmul else 2}
+        if self.module.USES_NVSHMEM and not self.emulated:
+            from tiledsl.runtime import nvshmem_device
+            nvshmem_device.init_module_hook()
+            options["extern_libs"] = nvshmem_device.extern_libs()
+        return options
+
+    def _run_serialised(self, env, res, views):
+        args = self._kernel_args(env, res, views)
+        for spec in self.module.FAMILIES:
+            if spec.engine == "copy_engine":
+                self._copy_engine(spec, env, res, views, stream=None)
+            else:
+                roles, grid = self._roles(env, only=spec.name)
+                self.module.launch_kernel((grid,), args, roles, self._options())
+
+    def _run_concurrent(self, env, res, views):
+        compute = torch.cuda.current_stream()
+        copies = [f for f in self.module.FAMILIES if f.engine == "copy_engine"]
+        if copies:
+            if self._comm_stream is None:
+                self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
+            self._comm_stream.wait_stream(compute)
+            for spec in copies:
+                self._copy_engine(spec, env, res, views, stream=self._comm_stream)
+        if any(f.engine != "copy_engine" for f in self.module.FAMILIES):
+            roles, grid = self._roles(env)
+            self.module.launch_kernel((grid,), self._kernel_args(env, res, views), roles, self._options())
+        if copies:
+            # the next call's staging and barrier must come after this call's copies
+            compute.wait_stream(self._comm_stream)
+            for t in views.values():
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    t.record_stream(self._comm_stream)
+
+    def _copy_engine(self, spec, env, res, views, stream):
+        def tensor(name, owner):
+            if owner is None or owner == self.rank:
+                return views[name]
+            return self.heap.peer(views[name], owner)
+
+        signals = res.get(f"sig_{spec.name}")
+        view_of = getattr(self.module, f"views_{spec.name}")
+        for instance in res[f"order_{spec.name}"]:
+            source, target, owner = view_of(env, tensor, instance)
+            slot = self.rank * spec.split * self.module.counts(env)[spec.name] + instance * spec.split
+            targets = [] if signals is None else (
+                [owner] if spec.notify == "local" else list(range(self.world)))
+            if stream is None:
+                target.copy_(source)
+                for r in targets:
+                    self._signal_view(signals, r).view(-1)[slot] = self.epoch
+            else:
+                from tiledsl.runtime import copy_engine
+                with torch.cuda.stream(stream):
+                    target.copy_(source, non_blocking=True)
+                for r in targets:
+                    address = self._signal_view(signals, r).data_ptr() + 4 * slot
+                    copy_engine.write_signal(stream, address, self.epoch)
+
+    def _signal_view(self, signals, r):
+        return signals if r == self.rank else self.heap.peer(signals, r)
+
+    # ---- deadline ------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Wait for this rank's work and raise ScheduleTimeout if a wait gave up."""
+        for res in self._resources.values():
+            diag = res["diag"].cpu()
+            if int(diag[sync.DIAG_FLAG]):
+                res["diag"].zero_()
+                edge = int(diag[sync.DIAG_EDGE])
+                what = "the entry barrier" if edge == sync.BARRIER_EDGE else f"edge {edge}: {self.module.EDGES[edge]}"
+                raise ScheduleTimeout(
+                    f"rank {int(diag[sync.DIAG_RANK])} timed out waiting on {what} "
+                    f"(waiting instance {int(diag[sync.DIAG_INSTANCE])}, expected epoch "
+                    f"{int(diag[sync.DIAG_EXPECTED])}, saw {int(diag[sync.DIAG_SEEN])})")
+
+
+__all__ = ["Program", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "linear", "unlinear",
+           "pow2_at_least", "itertools"]

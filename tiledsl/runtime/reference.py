@@ -1,0 +1,132 @@
+"""The reference meaning of a schedule, in plain torch on one process: every rank's tensors side by
+side, every family run instance by instance in dependency order, in float64. It shares no code with
+the generated kernels, so agreement between the two is evidence about both."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from tiledsl.codegen.exprs import code
+from tiledsl.codegen.plan import dependency_order
+from tiledsl.schedule import ir
+
+
+@functools.lru_cache(maxsize=4096)
+def _host(expr) -> "callable":
+    text = code(expr, kernel=False)
+    return eval(f"lambda env: eval({text!r}, {{'min': min, 'max': max}}, env)")  # noqa: S307 - our printer's output
+
+
+def evaluate(expr, env) -> int:
+    return int(_host(expr)(env))
+
+
+class Reference:
+    def __init__(self, schedule: ir.Schedule, world: int, sizes: dict[str, int], consts: dict[str, int] | None = None,
+                 dtype_map: dict[str, str] | None = None):
+        self.schedule = schedule
+        self.dtype_map = dtype_map or {}  # emulation stores bf16 tensors as float32: round like it does
+        self.world = world
+        self.env = {"world": world, **schedule.consts, **(consts or {}), **sizes}
+
+    def shapes(self, rank: int = 0) -> dict[str, tuple[int, ...]]:
+        env = {**self.env, "rank": rank}
+        return {n: tuple(evaluate(d, env) for d in t.shape) for n, t in self.schedule.tensors.items()}
+
+    def run(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """inputs[r]: rank r's caller tensors (in and inout; out ones are ignored). Returns every
+        rank's tensors after one call, in float64."""
+        state = []
+        for rank in range(self.world):
+            tensors = {}
+            for name, shape in self.shapes(rank).items():
+                given = inputs[rank].get(name)
+                tensors[name] = given.double().clone() if given is not None else torch.zeros(shape, dtype=torch.float64)
+            state.append(tensors)
+        self.state = state
+        for name in dependency_order(self.schedule):
+            family = self.schedule.families[name]
+            for rank in range(self.world):
+                for index in self.instances(family, rank):
+                    env = {**self.env, "rank": rank, **dict(zip(family.index_names, index))}
+                    self.run_instance(family, env, rank)
+        return state
+
+    def instances(self, family: ir.Family, rank: int):
+        env = {**self.env, "rank": rank}
+        extents = [evaluate(e, env) for _, e in family.indices]
+        index = [0] * len(extents)
+        if any(e <= 0 for e in extents):
+            return
+        while True:
+            yield tuple(index)
+            for n in range(len(extents) - 1, -1, -1):
+                index[n] += 1
+                if index[n] < extents[n]:
+                    break
+                index[n] = 0
+            else:
+                return
+
+    def view(self, region: ir.Region, env: dict, rank: int) -> torch.Tensor:
+        owner = rank if region.owner is None else evaluate(region.owner, env)
+        tensor = self.state[owner][region.tensor]
+        index = []
+        for dim in region.dims:
+            start = evaluate(dim.start, env)
+            index.append(start if not dim.kept else slice(start, start + evaluate(dim.size, env)))
+        return tensor[tuple(index)]
+
+    def run_instance(self, family: ir.Family, env: dict, rank: int) -> None:
+        if family.kind is ir.Kind.CHUNK:
+            source = self.view(family.reads[0], env, rank)
+            target = self.view(family.writes[0], env, rank)
+            value = source.clone()
+            target.copy_(target + value if family.reduce else value)
+            return
+        for store in family.stores:
+            target = self.view(store.target, env, rank)
+            value = self.value(store.value, env, rank)
+            declared = self.schedule.tensors[store.target.tensor].dtype
+            dtype = getattr(torch, self.dtype_map.get(declared, declared))
+            value = value.to(dtype).double() if dtype.is_floating_point else value
+            if value.dim() == 0:
+                value = value.expand(target.shape)
+            target.copy_(value[tuple(slice(0, n) for n in target.shape)])
+
+    def value(self, value: ir.Value, env: dict, rank: int) -> torch.Tensor:
+        if isinstance(value, ir.Scalar):
+            number = value.value if isinstance(value.value, (int, float)) else evaluate(value.value, env)
+            return torch.tensor(float(number), dtype=torch.float64)
+        if isinstance(value, ir.Load):
+            return self.view(value.region, env, rank)
+        if isinstance(value, ir.MatMul):
+            return self.value(value.left, env, rank) @ self.value(value.right, env, rank)
+        if isinstance(value, ir.Reduce):
+            total = None
+            for v in range(evaluate(value.extent, env)):
+                term = self.value(value.body, {**env, value.var.name: v}, rank)
+                total = term.clone() if total is None else total + term
+            return total
+        args = [self.value(a, env, rank) for a in value.args]
+        return apply(value.func, args)
+
+
+def apply(func: str, args: list[torch.Tensor]) -> torch.Tensor:
+    if func.startswith("cast:"):
+        return args[0].to(getattr(torch, func[5:])).double()
+    if func == "rmsnorm":
+        x, w = args[0], args[1]
+        eps = float(args[2]) if len(args) > 2 else 1e-6
+        return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
+    unary = {"relu": torch.relu, "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu,
+             "gelu": torch.nn.functional.gelu, "tanh": torch.tanh, "exp": torch.exp, "abs": torch.abs,
+             "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg}
+    if func in unary:
+        return unary[func](args[0])
+    binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+              "min": torch.minimum}
+    a, b = args
+    # a bias row [n] against a block [m, n] broadcasts from the trailing side, as in the kernels
+    return binary[func](a, b)

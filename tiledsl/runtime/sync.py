@@ -1,0 +1,82 @@
+"""The few synchronisation helpers every generated kernel uses.
+
+Memory ordering: a producer's threads finish their stores, meet at a CTA barrier, then one thread
+writes the epoch into the consumer's signal slot with a release store at system scope; a consumer
+spins on an acquire read at system scope of that slot until it reaches the epoch, and only then loads
+the data. Every slot has one writer (one producer instance on one rank), so plain release stores
+suffice, and slots only grow (epoch e+1 overwrites e), so no reset is needed between calls.
+
+Every wait is bounded: after `max_spins` reads it records rank, edge, instance, expected and seen
+epoch in the diagnostics buffer and gives up; later waits see the flag and give up at once, so a
+broken schedule ends in a named error from the launcher instead of a hang.
+"""
+import os
+
+import triton
+import triton.language as tl
+
+# Layout of the diagnostics buffer (int32): what the launcher reads after a call.
+DIAG_FLAG, DIAG_RANK, DIAG_EDGE, DIAG_INSTANCE, DIAG_EXPECTED, DIAG_SEEN = range(6)
+DIAG_SIZE = 8
+BARRIER_EDGE = -1  # the edge number a timed-out entry barrier reports
+
+EMULATED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def wait(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance):
+    seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+    spins = 0
+    while (seen < epoch) & (spins < max_spins):
+        seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+        spins += 1
+        if tl.load(diag_ptr, volatile=True) != 0:
+            spins = max_spins  # another wait already timed out: the call is lost, stop spinning
+    if seen < epoch:
+        if tl.atomic_cas(diag_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
+            tl.store(diag_ptr + 1, rank)
+            tl.store(diag_ptr + 2, edge)
+            tl.store(diag_ptr + 3, instance)
+            tl.store(diag_ptr + 4, epoch)
+            tl.store(diag_ptr + 5, seen)
+
+
+@triton.jit
+def notify(sig_ptr, epoch):
+    # the barrier makes every thread's stores of this instance happen before the one release store
+    tl.debug_barrier()
+    tl.atomic_xchg(sig_ptr, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def barrier_all(bar_ptr, peers_bar, rank, world, epoch, diag_ptr, max_spins):
+    """Every rank tells every rank it reached this call, then waits to hear from all: inputs are
+    staged everywhere and no rank still reads buffers that this call will overwrite."""
+    for r in range(0, world):
+        notify(bar_ptr + tl.load(peers_bar + r) + rank, epoch)
+    for r in range(0, world):
+        wait(bar_ptr + r, epoch, diag_ptr, max_spins, rank, -1, r)
+
+
+@triton.jit
+def copy_put(dst_ptr, src_ptr, nelems, sig_ptr, epoch, pe, peers_dst, peers_sig, BLOCK: tl.constexpr):
+    """A put with signal done by this program's own loads and stores: what an nvshmem put does,
+    for the emulator, where NVSHMEM's device library cannot run."""
+    remote = dst_ptr + tl.load(peers_dst + pe)
+    for start in range(0, nelems, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(remote + offs, tl.load(src_ptr + offs, mask=offs < nelems), mask=offs < nelems)
+    notify(sig_ptr + tl.load(peers_sig + pe), epoch)
+
+
+if EMULATED:
+    put_signal = copy_put
+else:
+    from tiledsl.runtime import nvshmem_device
+
+    @triton.jit
+    def put_signal(dst_ptr, src_ptr, nelems, sig_ptr, epoch, pe, peers_dst, peers_sig, BLOCK: tl.constexpr):
+        # NVSHMEM orders the data before the signal on the target PE; the signal slot is symmetric
+        nbytes = nelems.to(tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        nvshmem_device.putmem_signal_block(dst_ptr, src_ptr, nbytes, sig_ptr, epoch,
+                                           nvshmem_device.NVSHMEM_SIGNAL_SET, pe)
