@@ -38,7 +38,7 @@ def build_module(source, consts: dict | None = None):
 
 
 def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: float = 5.0,  # noqa: A001
-            dtype_override: dict | None = None, num_sms: int | None = None, **consts):
+            dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), **consts):
     """Compile a program (a path to a .tds file, or its text) and bind it to this rank.
 
     `heap` is the symmetric heap shared with the other ranks (`tiledsl.runtime.heap.open_heap()` under
@@ -47,4 +47,4 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     `wait_timeout_s` raises ScheduleTimeout naming the rank, edge and epoch."""
     module = build_module(source, consts)
     return module.load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
-                       dtype_override=dtype_override, num_sms=num_sms)
+                       dtype_override=dtype_override, num_sms=num_sms, skip=skip)

@@ -75,7 +75,7 @@ class Program:
     declaration order, or by name); it returns the out and inout tensors."""
 
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
-                 dtype_override: dict | None = None, num_sms: int | None = None, **consts):
+                 dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated and not sync.EMULATED:
@@ -87,6 +87,8 @@ class Program:
         mode = "emulated" if self.emulated else "gpu"
         self.max_spins = max(1, int(wait_timeout_s * SPINS_PER_SECOND[mode]))
         self.num_sms = num_sms
+        # families left out on purpose, to break a schedule in tests: their consumers must time out
+        self.skip = set(skip)
         self.epoch = 0
         self.callers = [t for t in module.TENSORS if t.role in ("in", "out", "inout")]
         self._resources: dict = {}
@@ -184,9 +186,11 @@ class Program:
         for spec in self.module.FAMILIES:
             if spec.notify:
                 slots = counts[spec.name] * spec.split
-                res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots))
+                # NVSHMEM writes 64-bit signals; everything else uses 32-bit slots
+                dtype = torch.int64 if spec.engine == "nvshmem" else torch.int32
+                res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots), dtype)
         if self.module.DISTRIBUTED:
-            res["barrier"] = self._alloc_signals((self.world,))
+            res["barrier"] = self._alloc_signals((self.world,), torch.int32)
         for name, order in self.module.orders(env).items():
             res[f"order_{name}"] = order
             res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
@@ -195,10 +199,10 @@ class Program:
         self._resources[key] = res
         return res
 
-    def _alloc_signals(self, shape):
+    def _alloc_signals(self, shape, dtype):
         if self.heap is not None:
-            return self.heap.alloc(shape, torch.int32)
-        return torch.zeros(shape, dtype=torch.int32, device=self.device)
+            return self.heap.alloc(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def _peer_offsets(self, tensor):
         if self.heap is None:
@@ -265,16 +269,18 @@ class Program:
             for f in kernel:
                 roles.update({f"RUN_{f.name}": f.name == only, f"START_{f.name}": 0, f"PROGRAMS_{f.name}": 1})
             return roles, 1
+        for f in kernel:
+            roles[f"RUN_{f.name}"] = f.name not in self.skip
         num_sms = self.num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
         for f in kernel:
             if f.programs is not None:
                 programs = max(1, min(f.programs, counts[f.name] * f.split))
-                roles.update({f"RUN_{f.name}": True, f"START_{f.name}": start, f"PROGRAMS_{f.name}": programs})
+                roles.update({f"START_{f.name}": start, f"PROGRAMS_{f.name}": programs})
                 start += programs
         shared = [f for f in kernel if f.programs is None]
         rest = min(max(1, num_sms - start), max([counts[f.name] * f.split for f in shared] or [0]))
         for f in shared:
-            roles.update({f"RUN_{f.name}": True, f"START_{f.name}": start, f"PROGRAMS_{f.name}": rest})
+            roles.update({f"START_{f.name}": start, f"PROGRAMS_{f.name}": rest})
         return roles, start + (rest if shared else 0)
 
     def _options(self) -> dict:
@@ -289,6 +295,8 @@ class Program:
     def _run_serialised(self, env, res, views):
         args = self._kernel_args(env, res, views)
         for spec in self.module.FAMILIES:
+            if spec.name in self.skip:
+                continue
             if spec.engine == "copy_engine":
                 self._copy_engine(spec, env, res, views, stream=None)
             else:
@@ -297,7 +305,7 @@ class Program:
 
     def _run_concurrent(self, env, res, views):
         compute = torch.cuda.current_stream()
-        copies = [f for f in self.module.FAMILIES if f.engine == "copy_engine"]
+        copies = [f for f in self.module.FAMILIES if f.engine == "copy_engine" and f.name not in self.skip]
         if copies:
             if self._comm_stream is None:
                 self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)

@@ -1,0 +1,108 @@
+"""AG+GEMM and GEMM+RS at M=8192 and the (N, K) of five models, under torchrun: tiledsl against torch
+sequential (NCCL + cuBLAS) and torch's async-TP, with cuBLAS alone on the per-rank problem (the
+time perfect overlap would give). Every rank times; the slowest rank's median is reported."""
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import M, SHAPES, save, time_ms  # noqa: E402
+
+import tiledsl  # noqa: E402
+from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+
+
+def slowest(value: float) -> float:
+    t = torch.tensor([value], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def async_tp(name, fn):
+    try:
+        return fn()
+    except Exception as error:  # noqa: BLE001 - a missing baseline is reported, not fatal
+        if dist.get_rank() == 0:
+            print(f"  {name}: unavailable ({type(error).__name__}: {str(error)[:200]})", flush=True)
+        return float("nan")
+
+
+def main() -> int:
+    disable_multicast()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    heap = open_heap()
+    group = dist.group.WORLD.group_name
+    try:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(group)
+    except Exception:  # noqa: BLE001
+        pass
+    only = os.environ.get("BENCH_ONLY", "ag_gemm,gemm_rs").split(",")
+    ag = tiledsl.compile(PROGRAMS / "ag_gemm.tds", heap) if "ag_gemm" in only else None
+    rs = tiledsl.compile(PROGRAMS / "gemm_rs.tds", heap) if "gemm_rs" in only else None
+    rows = []
+    for model, (N, K) in SHAPES.items():
+        bf16 = dict(device="cuda", dtype=torch.bfloat16)
+        if ag is not None:
+            A = torch.randn(M // world, K, **bf16)
+            B = torch.randn(K, N // world, **bf16)
+            C = torch.empty(M, N // world, **bf16)
+            full = torch.empty(M, K, **bf16)
+            ag(A, B, C)  # checked call: compiles and proves the schedule before timing
+            row = {"op": "ag_gemm", "model": model, "world": world, "M": M, "N": N, "K": K}
+            row["tiledsl"] = slowest(time_ms(lambda: ag(A, B, C, check=False)))
+            ag.check()
+            row["gemm"] = slowest(time_ms(lambda: torch.matmul(full, B, out=C)))
+            row["comm"] = slowest(time_ms(lambda: dist.all_gather_into_tensor(full, A)))
+
+            def sequential():
+                dist.all_gather_into_tensor(full, A)
+                torch.matmul(full, B, out=C)
+            row["sequential"] = slowest(time_ms(sequential))
+            row["async_tp"] = slowest(async_tp("fused_all_gather_matmul", lambda: time_ms(
+                lambda: torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, group))))
+            rows.append(row)
+            del A, B, C, full
+        if rs is not None:
+            A = torch.randn(M, K // world, **bf16)
+            B = torch.randn(K // world, N, **bf16)
+            C = torch.empty(M // world, N, **bf16)
+            P = torch.empty(M, N, **bf16)
+            rs(A, B, C)
+            row = {"op": "gemm_rs", "model": model, "world": world, "M": M, "N": N, "K": K}
+            row["tiledsl"] = slowest(time_ms(lambda: rs(A, B, C, check=False)))
+            rs.check()
+            row["gemm"] = slowest(time_ms(lambda: torch.matmul(A, B, out=P)))
+            row["comm"] = slowest(time_ms(lambda: dist.reduce_scatter_tensor(C, P)))
+
+            def sequential_rs():
+                torch.matmul(A, B, out=P)
+                dist.reduce_scatter_tensor(C, P)
+            row["sequential"] = slowest(time_ms(sequential_rs))
+            row["async_tp"] = slowest(async_tp("fused_matmul_reduce_scatter", lambda: time_ms(
+                lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, group))))
+            rows.append(row)
+            del A, B, C, P
+        if rank == 0:
+            for row in rows[-2:]:
+                print(f"{row['op']:8} {row['model']:13} world {world}: tiledsl {row['tiledsl']:.3f} ms, "
+                      f"sequential {row['sequential']:.3f}, async-TP {row['async_tp']:.3f}, "
+                      f"gemm {row['gemm']:.3f}, comm {row['comm']:.3f}", flush=True)
+    if rank == 0:
+        save(f"overlap_world{world}", {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                       "rows": rows})
+    dist.barrier()
+    heap.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
