@@ -31,6 +31,17 @@ class ValueBuilder:
         if isinstance(expr, ast.Subscript):
             base, slices = expr.base, expr.slices
         if isinstance(base, ast.Peer):
+            rank = base.rank.base if isinstance(base.rank, ast.Subscript) else base.rank
+            if isinstance(rank, ast.Name) and rank.id in self.b.tensors:
+                left = base.base.base if isinstance(base.base, ast.Subscript) else base.base
+                left = left.id if isinstance(left, ast.Name) else "X"
+                self.b.fail(f"'{left}@{rank.id}' with no blanks names rank {rank.id}'s copy of {left}, but "
+                            f"'{rank.id}' is a tensor: a matrix product needs blanks around '@'", base.span,
+                            hint=f"{left} @ {rank.id}")
+                return None
+            if isinstance(base.base, ast.Subscript):
+                self.b.fail("a peer's copy is named before the slice: `X@r[a : b]`, not `X[a : b]@r`", base.span)
+                return None
             owner = self.b.size(base.rank, scope)
             if owner is None:
                 return None

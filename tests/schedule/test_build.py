@@ -1,0 +1,135 @@
+"""build_schedule: the mistakes it names, each at its line and column, and the schedule it builds."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import sympy
+
+from tiledsl.diagnostics import TdsError
+from tiledsl.pipeline import run
+from tiledsl.schedule import ir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tds(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def build_errors(source: str) -> list:
+    with pytest.raises(TdsError) as raised:
+        run(source, until="schedule")
+    return raised.value.diagnostics
+
+
+def the_error(source: str, message: str):
+    found = [d for d in build_errors(source) if d.message == message]
+    assert found, [d.message for d in build_errors(source)]
+    return found[0]
+
+
+def at(diagnostic) -> tuple[int, int]:
+    return diagnostic.span.line, diagnostic.span.column
+
+
+COPY = tds("""
+    program copy
+    param N
+    const BLOCK = 64
+    in  X : f32[N]
+    out Y : f32[N]
+    tile cp[i in N/BLOCK]: Y[i*BLOCK : +BLOCK] = X[i*BLOCK : +BLOCK]
+    """)
+
+
+def test_unknown_name_suggests_the_closest_one():
+    error = the_error(COPY.replace("N/BLOCK", "N/BLOK"), "unknown name 'BLOK'")
+    assert at(error) == (6, 16)
+    assert error.hint == "did you mean 'BLOCK'?"
+
+
+def test_duplicate_declaration_points_at_both():
+    error = the_error(COPY.replace("out Y", "out X"), "'X' is already declared")
+    assert at(error) == (5, 5)
+    assert [(n.message, n.span.line, n.span.column) for n in error.notes] == \
+        [("'X' was first declared here", 4, 5)]
+
+
+def test_chunk_between_dtypes_is_refused():
+    source = tds("""
+        program convert
+        param N
+        in   X : f32[N]
+        symm S : bf16[N]
+        chunk c[s in world] on copy_engine: X -> S@s[:]
+        """)
+    error = the_error(source, "the chunk copies float32 into bfloat16; chunks do not convert")
+    assert at(error) == (5, 1)
+    assert error.hint == "convert in a tile"
+
+
+def test_matmul_inner_dimensions_must_match():
+    source = tds("""
+        program product
+        param M, K, N
+        in  A : bf16[M, K]
+        in  B : bf16[N, K]
+        out C : bf16[M, N]
+        tile mm[i in 1]: C = A @ B
+        """)
+    error = the_error(source, "the inner dimensions of '@' differ: [M, K] @ [N, K]")
+    assert at(error) == (6, 22)
+    assert error.hint == "K must equal N"
+
+
+def test_assignment_shape_must_match_its_target():
+    source = COPY.replace("X[i*BLOCK : +BLOCK]", "X[i*BLOCK : +2*BLOCK]")
+    error = the_error(source, "the value has shape [2*BLOCK] but its target 'Y' slice has [BLOCK]")
+    assert at(error) == (6, 24)
+
+
+def test_writing_an_in_tensor_is_refused():
+    source = COPY.replace("Y[i*BLOCK : +BLOCK] =", "X[i*BLOCK : +BLOCK] =")
+    error = the_error(source, "'X' is an `in` tensor and cannot be written")
+    assert at(error) == (6, 24)
+    assert error.hint == "declare it `inout` or `out`"
+
+
+def test_unknown_dtype_suggests_the_closest_one():
+    error = the_error(COPY.replace("f32[N]\nout", "f23[N]\nout"), "unknown dtype 'f23'")
+    assert at(error) == (4, 9)
+    assert error.hint in ("did you mean 'f32'?", "did you mean 'f16'?")
+
+
+def test_unknown_engine_suggests_the_closest_one():
+    source = tds("""
+        program engine
+        param N
+        in   X : f32[N]
+        symm S : f32[N]
+        chunk c[s in world] on copy_engin: X -> S@s[:]
+        """)
+    error = the_error(source, "unknown engine 'copy_engin'")
+    assert at(error) == (5, 24)
+    assert error.hint == "did you mean 'copy_engine'?"
+
+
+def test_all_mistakes_are_reported_together():
+    source = COPY.replace("N/BLOCK", "N/BLOK").replace("f32[N]\nout", "f23[N]\nout")
+    assert {d.message for d in build_errors(source)} >= {"unknown name 'BLOK'", "unknown dtype 'f23'"}
+
+
+def test_ag_gemm_builds_regions_and_edge_maps_as_sympy():
+    schedule = run(ROOT / "programs" / "ag_gemm.tds", until="schedule").schedule
+    M, world = ir.size_symbol("M"), ir.WORLD
+    i = ir.index_symbol("i")
+    assert schedule.tensors["A"].shape == (M / world, ir.size_symbol("K"))
+    gather, mm = schedule.families["gather"], schedule.families["mm"]
+    assert gather.engine.kind is ir.EngineKind.COPY_ENGINE and mm.engine.programs is None
+    assert gather.reads[0].owner == ir.index_symbol("s")
+    (edge,) = schedule.edges
+    assert (edge.consumer, edge.producer, edge.ranks) == ("mm", "gather", ir.RankSet.LOCAL)
+    assert sympy.simplify(edge.index_map[0] - sympy.floor(ir.size_symbol("BM") * i * world / M)) == 0
+    assert {c.message for c in schedule.conditions} == {"M must be divisible by world", "M must be divisible by BM"}

@@ -1,0 +1,493 @@
+"""The schedule checks: each has a program it refuses (message and line:column asserted) and one it
+accepts; every program in programs/ passes, fast."""
+from __future__ import annotations
+
+import re
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import sympy
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiledsl.diagnostics import TdsError
+from tiledsl.pipeline import run
+from tiledsl.schedule.check import SM_COUNT, check
+from tiledsl.schedule.describe import describe
+from tiledsl.schedule.instances import compile_exprs, default_sizes, instantiate
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = sorted((ROOT / "programs").glob("*.tds"))
+BROKEN = sorted((Path(__file__).parent / "broken").glob("*.tds"))
+AG_GEMM = (ROOT / "programs" / "ag_gemm.tds").read_text()
+ALLREDUCE = (ROOT / "programs" / "allreduce.tds").read_text()
+
+
+def tds(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def errors(source: str) -> list:
+    with pytest.raises(TdsError) as raised:
+        run(source, until="check")
+    return [d for d in raised.value.diagnostics if d.severity == "error"]
+
+
+def the_error(source: str, starts: str):
+    found = [d for d in errors(source) if d.message.startswith(starts)]
+    assert found, f"no error starting {starts!r}"
+    return found[0]
+
+
+def at(diagnostic) -> tuple[int, int]:
+    return diagnostic.span.line, diagnostic.span.column
+
+
+def passes(source: str) -> list:
+    """The warnings of a program that must check without errors."""
+    return run(source, until="check").warnings
+
+
+def line_of(source: str, text: str) -> int:
+    return next(n for n, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+# ---- every program ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+def test_every_program_checks_clean_and_fast(path):
+    run(path, until="check")  # warm: the grammar is compiled and expressions are cached once per process
+    source = path.read_text()
+    start = time.perf_counter()
+    done = run(source, until="check", path=str(path))
+    assert time.perf_counter() - start < 0.5
+    assert done.warnings == []
+
+
+@pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
+def test_broken_program_reports_its_expected_error(path):
+    """Each file's first line says `# expect: LINE:COL message-prefix`."""
+    expected = re.match(r"# expect: (\d+):(\d+) (.*)", path.read_text().splitlines()[0])
+    line, column, prefix = int(expected[1]), int(expected[2]), expected[3]
+    found = errors(path)
+    assert any(at(d) == (line, column) and d.message.startswith(prefix) for d in found), \
+        [f"{d.span.line}:{d.span.column} {d.message}" for d in found]
+
+
+# ---- races -----------------------------------------------------------------------------------------
+
+def test_ag_gemm_without_its_edge_races_on_the_gathered_rows():
+    source = AG_GEMM.replace("mm[i, j] after gather[(i*BM) / Ms]\n", "")
+    race = the_error(source, "race: tile 'mm' reads A_all while chunk 'gather' may still write it")
+    assert at(race) == (line_of(source, "tile  mm"), source.splitlines()[14].index("A_all[") + 1)
+    assert race.hint == "add an edge: mm[i, j] after gather[...]"
+    (note,) = race.notes
+    assert note.span.line == line_of(source, "chunk gather") and "'gather' writes A_all here" in note.message
+
+
+def test_allreduce_without_local_pushes_in_its_edge_overwrites_x_while_they_read_it():
+    source = ALLREDUCE.replace("add[i] after push[*], ", "add[i] after ")
+    race = the_error(source, "race: tile 'add' writes X while chunk 'push' may still read it")
+    assert at(race) == (10, 33)
+    assert race.notes[0].span.line == 9 and race.notes[0].span.column == 35
+    assert race.hint == "add an edge: add[i] after push[...]"
+
+
+def test_allreduce_without_remote_pushes_reads_the_staging_buffer_too_early():
+    source = ALLREDUCE.replace(", push[rank] @ every rank", "")
+    race = the_error(source, "race: tile 'add' reads S while chunk 'push' may still write it")
+    assert at(race) == (10, 59)
+    assert race.hint.endswith("@ every rank")
+
+
+def test_race_is_reported_once_per_family_pair():
+    source = AG_GEMM.replace("mm[i, j] after gather[(i*BM) / Ms]\n", "")
+    assert len([d for d in errors(source) if d.message.startswith("race")]) == 1
+
+
+OVERLAP = tds("""
+    program overlap
+    param N
+    const B = 64
+    in  X : f32[N]
+    out Y : f32[N]
+    tile first[i in N/B]:  Y[i*B : +B] = X[i*B : +B]
+    tile second[i in N/B]: Y[i*B : +B] = relu(X[i*B : +B])
+    """)
+
+
+def test_two_families_writing_the_same_elements_race_until_an_edge_orders_them():
+    race = the_error(OVERLAP, "race: tile 'second' writes Y while tile 'first' may still write it")
+    assert at(race) == (7, 24)
+    assert race.hint == "add an edge: second[i] after first[...]"
+    passes(OVERLAP + "second[i] after first[i]\n")
+
+
+def test_instances_of_one_family_writing_the_same_elements_race():
+    source = tds("""
+        program same
+        param N
+        const B = 64
+        in  X : f32[N]
+        out Y : f32[B]
+        tile acc[i in N/B]: Y = X[i*B : +B]
+        """)
+    race = the_error(source, "race: instances of tile 'acc' both write the same elements of Y")
+    assert at(race) == (6, 21)
+    passes(source + "acc[i] after acc[i-1]\n")  # a chain orders them
+
+
+def test_reduce_add_chunks_into_one_target_do_not_race():
+    source = tds("""
+        program accumulate
+        param N
+        in    X : f32[N]
+        symm  S : f32[N]
+        out   Y : f32[N]
+        chunk push[s in world] on sms(2): X -> S@s[:] reduce add
+        tile  take[i in 1]: Y = S
+        take[i] after push[rank] @ every rank
+        """)
+    passes(source)
+
+
+# ---- cycles ----------------------------------------------------------------------------------------
+
+PIPELINE = tds("""
+    program pipeline
+    param N
+    const B = 64
+    in    X : f32[N]
+    local T : f32[N]
+    local U : f32[N]
+    out   Y : f32[N]
+    tile a[i in N/B]: T[i*B : +B] = X[i*B : +B]
+    tile b[i in N/B]: U[i*B : +B] = T[i*B : +B]
+    tile c[i in N/B]: Y[i*B : +B] = U[i*B : +B]
+    b[i] after a[i]
+    c[i] after b[i]
+    """)
+
+
+def test_two_family_cycle_is_reported_with_its_path_and_both_edges():
+    cycle = the_error(PIPELINE + "a[i] after b[i]\n", "deadlock: a cycle of waits: a[0]@rank0 -> b[0]@rank0 -> a[0]@rank0")
+    assert at(cycle) == (13, 12)
+    assert [(n.span.line, n.span.column) for n in cycle.notes] == [(13, 12), (11, 12)]
+    passes(PIPELINE)
+
+
+RING = tds("""
+    program ring
+    param N
+    in   X : f32[N]
+    symm T : f32[N]
+    symm U : f32[N]
+    out  Y : f32[N]
+    chunk fwd[s in 1] on sms(1): X -> T@((rank + 1) mod world)[:]
+    chunk back[s in 1] on sms(1): T -> U@((rank + world - 1) mod world)[:]
+    tile  use[i in 1]: Y = U
+    back[s] after fwd[0] @ ((rank + world - 1) mod world)
+    use[i] after back[0] @ ((rank + 1) mod world)
+    """)
+
+
+def test_cycle_across_ranks_is_reported_with_ranks_in_its_path():
+    cycle = the_error(RING + "fwd[s] after back[0] @ ((rank + 1) mod world)\n",
+                      "deadlock: a cycle of waits: fwd[0]@rank0 -> back[0]@rank1 -> fwd[0]@rank0")
+    assert at(cycle) == (12, 14)
+    assert {n.span.line for n in cycle.notes} == {10, 12}
+    passes(RING)
+
+
+def test_cycle_through_every_rank_is_reported():
+    source = PIPELINE.replace("c[i] after b[i]", "c[i] after b[i]\na[i] after b[*] @ every rank")
+    cycle = the_error(source, "deadlock: a cycle of waits: a[0]@rank0 -> b[")
+    assert at(cycle) == (13, 12)
+
+
+CHAIN = tds("""
+    program chain
+    param N
+    const B = 64
+    in  X : f32[N]
+    out Y : f32[N]
+    tile a[i in N/B]: Y[i*B : +B] = X[i*B : +B]
+    """)
+
+
+def test_a_family_may_wait_on_its_earlier_instances():
+    passes(CHAIN + "a[i] after a[i-1]\n")
+    passes(CHAIN + "a[i] after a[i+1]\norder a by N/B - i\n")
+
+
+def test_a_family_waiting_on_a_later_instance_is_a_deadlock():
+    late = the_error(CHAIN + "a[i] after a[i+1]\n",
+                     "deadlock: a[0] on rank 0 waits for a[1] on rank 0, which comes after it in the order of 'a'")
+    assert at(late) == (7, 12)
+    reversed_order = CHAIN + "a[i] after a[i-1]\norder a by N/B - i\n"
+    assert at(the_error(reversed_order, "deadlock: a[1] on rank 0 waits for a[0]")) == (7, 12)
+    assert at(the_error(CHAIN + "a[i] after a[i]\n", "deadlock: a[0] on rank 0 waits for itself")) == (7, 12)
+
+
+# ---- orphan waits ----------------------------------------------------------------------------------
+
+def test_off_by_one_index_map_is_an_orphan_wait():
+    source = AG_GEMM.replace("gather[(i*BM) / Ms]", "gather[(i*BM) / Ms + 1]")
+    orphan = the_error(source, "orphan wait: mm[2, 0] on rank 0 waits for gather[2], but gather has instances 0..1")
+    assert at(orphan) == (16, 16)
+    assert orphan.notes[0].span.line == 14
+
+
+def test_wait_on_a_rank_outside_the_world_is_an_orphan_wait():
+    source = RING.replace("((rank + 1) mod world)\n", "(rank + 1)\n")
+    orphan = the_error(source, "orphan wait: use[0] on rank 1 waits for back[0] on rank 2, but ranks are 0..1")
+    assert at(orphan) == (11, 14)
+
+
+# ---- bounds ----------------------------------------------------------------------------------------
+
+BLOCKS = tds("""
+    program blocks
+    param N
+    const B = 64
+    in  X : f32[N]
+    out Y : f32[N]
+    tile cp[i in cdiv(N, B)]: Y[i*B : +B] = X[SLICE]
+    """)
+
+
+def test_explicit_range_past_the_end_is_out_of_bounds():
+    error = the_error(BLOCKS.replace("SLICE", "i*B + 1 : (i+1)*B + 1"), "out of bounds: dimension 0 of 'X' has size")
+    assert at(error) == (6, 43)
+    assert "reads it up to" in error.message and "N=" in error.message and "world=" in error.message
+
+
+def test_negative_start_is_out_of_bounds():
+    error = the_error(BLOCKS.replace("SLICE", "i*B - 1 : +B"), "out of bounds: dimension 0 of 'X' has size")
+    assert at(error) == (6, 43) and "reads it from -1" in error.message
+
+
+def test_start_beyond_the_dimension_is_out_of_bounds():
+    error = the_error(BLOCKS.replace("SLICE", "i*B + B : +B"), "out of bounds: dimension 0 of 'X' has size")
+    assert at(error) == (6, 43)
+
+
+def test_index_beyond_the_dimension_is_out_of_bounds():
+    source = tds("""
+        program point
+        param N
+        in  S : f32[world, N]
+        out Y : f32[N]
+        tile take[i in 1]: Y = S[world, :]
+        """)
+    assert at(the_error(source, "out of bounds: dimension 0 of 'S' has size")) == (5, 26)
+
+
+def test_sized_range_may_run_past_the_end_as_a_ragged_last_tile():
+    passes(BLOCKS.replace("SLICE", "i*B : +B"))
+    passes(BLOCKS.replace("SLICE", "i*B : +B").replace("cdiv(N, B)", "cdiv(N + 1, B)").replace("f32[N]", "f32[N + 1]"))
+
+
+# ---- resident programs -----------------------------------------------------------------------------
+
+PROGRAM_COUNTS = tds("""
+    program counts
+    param N
+    in    X : f32[N]
+    symm  S : f32[world, N]
+    symm  T : f32[world, N]
+    out   Y : f32[N]
+    chunk a[s in world] on sms(FIRST): X -> S@s[rank, :]
+    chunk b[s in world] on sms(SECOND): X -> T@s[rank, :]
+    tile  c[i in 1]: Y = S[0, :] + T[1, :]
+    c[i] after a[rank] @ every rank, b[rank] @ every rank
+    """)
+
+
+def counts(first: int, second: int) -> str:
+    return PROGRAM_COUNTS.replace("FIRST", str(first)).replace("SECOND", str(second))
+
+
+def test_fixed_programs_must_leave_one_for_the_rest():
+    error = the_error(counts(100, 32), f"the families ask for all {SM_COUNT} SMs, leaving none for 'c'")
+    assert at(error) == (7, 21)
+    assert error.notes[0].span.line == 8
+
+
+def test_more_programs_than_sms_is_an_error():
+    error = the_error(counts(100, 40), f"the families ask for 140 resident SM programs, but the GPU has {SM_COUNT}")
+    assert at(error) == (7, 21)
+
+
+def test_programs_that_fit_pass():
+    passes(counts(100, 31))
+
+
+# ---- warnings --------------------------------------------------------------------------------------
+
+def test_unused_tensor_lost_work_and_unwritten_symm_are_warned():
+    source = tds("""
+        program waste
+        param N
+        in   X : f32[N]
+        in   Z : f32[N]
+        symm S : f32[N]
+        symm R : f32[N]
+        out  Y : f32[N]
+        tile a[i in 1]: Y = R
+        tile b[i in 1]: S = X
+        """)
+    found = {(d.span.line, d.span.column): d.message for d in passes(source)}
+    assert found == {
+        (4, 1): "'Z' is never read or written",
+        (8, 21): "tile 'a' reads 'R', but nothing in the program writes it",
+        (9, 1): "nothing waits on tile 'b' and nothing reads what it writes (S): its work is lost",
+    }
+
+
+def test_out_tensor_nothing_writes_is_warned():
+    source = tds("""
+        program nothing
+        param N
+        in  X : f32[N]
+        out Y : f32[N]
+        out Z : f32[N]
+        tile a[i in 1]: Y = X + Z
+        """)
+    (warning,) = passes(source)
+    assert (warning.span.line, warning.message) == (5, "'Z' is `out` but nothing writes it")
+
+
+# ---- instances -------------------------------------------------------------------------------------
+
+def test_compiled_expressions_use_integer_floor_and_mod():
+    x, y = sympy.Symbol("x", integer=True), sympy.Symbol("y", integer=True, positive=True)
+    evaluate = compile_exprs((sympy.floor(x / y), sympy.ceiling(x / y), sympy.Mod(x, y), x * y / 4,
+                              sympy.Max(x, 3)), (x, y))
+    assert evaluate(-7, 2) == (-4, -3, 1, -7 * 2 // 4, 3)
+    assert evaluate(10**20 + 1, 3) == ((10**20 + 1) // 3, -(-(10**20 + 1) // 3), (10**20 + 1) % 3,
+                                       (10**20 + 1) * 3 // 4, 10**20 + 1)
+
+
+@given(st.integers(-10**6, 10**6), st.integers(1, 10**4), st.integers(0, 64))
+def test_compiled_index_maps_agree_with_sympy(i, m, rank):
+    x, y, r = sympy.Symbol("x", integer=True), sympy.Symbol("y", integer=True, positive=True), sympy.Symbol("r")
+    exprs = (sympy.floor((128 * x + y * r / 4) / 128), sympy.Mod(sympy.floor(x * 4 / y) - r, 3),
+             sympy.ceiling(x / (32 * y)), sympy.Mod(128 * x, y / 2))
+    values = {x: i, y: 2 * m, r: 4 * rank}
+    assert compile_exprs(exprs, (x, y, r))(i, 2 * m, 4 * rank) == tuple(int(e.subs(values)) for e in exprs)
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_default_sizes_meet_the_conditions_with_two_instances_per_index(path, world):
+    schedule = run(path, until="schedule").schedule
+    sizes = default_sizes(schedule, world)
+    concrete = instantiate(schedule, world, sizes)
+    assert 0 < len(concrete.instances) <= 5000
+    for name, extents in concrete.extents.items():
+        assert all(n >= 2 for n in extents[0]), (name, extents)
+    values = {sympy.Symbol(k, integer=True, positive=True): v for k, v in concrete.sizes.items()}
+    values[sympy.Symbol("world", integer=True, positive=True)] = world
+    assert all(bool(c.holds.subs(values)) for c in schedule.conditions)
+
+
+def test_ag_gemm_instances_read_the_rows_their_gather_writes():
+    schedule = run(AG_GEMM, until="schedule").schedule
+    concrete = instantiate(schedule, 2, {"M": 512, "K": 64, "N": 300})
+    assert concrete.extents == {"gather": [(2,), (2,)], "mm": [(4, 2), (4, 2)]}
+    writes = {(concrete.instances[a.instance].index, a.copy): (a.lo, a.hi)
+              for a in concrete.accesses if a.write and concrete.instances[a.instance].family == "gather"}
+    assert writes[(1,), 0] == ((256, 0), (512, 64))
+    # The last column tile is ragged: clipped at N = 300.
+    last = next(a for a in concrete.accesses if a.write and concrete.instances[a.instance].index == (3, 1))
+    assert (last.lo, last.hi, last.reach[1]) == ((384, 256), (512, 300), (256, 256, 512))
+    waits = {concrete.instances[w.consumer].index: [concrete.instances[p] for p in w.producers]
+             for w in concrete.waits if concrete.instances[w.consumer].rank == 1}
+    assert [(p.family, p.index, p.rank) for p in waits[(3, 0)]] == [("gather", (1,), 1)]
+    # mm on rank 1 starts with the rows it already has (gather[1]), then rank 0's.
+    mm = sorted(concrete.ranges["mm"][1], key=concrete.order.__getitem__)
+    assert [concrete.instances[p].index for p in mm[:4]] == [(2, 0), (3, 0), (2, 1), (3, 1)]
+
+
+def test_every_rank_edges_name_the_producer_on_each_rank():
+    schedule = run(ALLREDUCE, until="schedule").schedule
+    concrete = instantiate(schedule, 3, {"N": 4096})
+    remote = [w for w in concrete.waits if w.edge == 1 and concrete.instances[w.consumer].rank == 2]
+    assert {(concrete.instances[p].index, concrete.instances[p].rank) for p in remote[0].producers} == \
+        {((2,), 0), ((2,), 1), ((2,), 2)}
+    reads = [a for a in concrete.accesses if not a.write and concrete.instances[a.instance].family == "add"]
+    assert reads[0].lo == (0, 0) and reads[0].hi == (3, 2048)  # `s in world` spans every slot
+
+
+def test_describe_lists_tensors_families_edges_and_conditions():
+    text = describe(run(AG_GEMM, until="schedule").schedule)
+    assert "symm  A_all : bfloat16[M, K]" in text
+    assert "chunk gather[s in world] on copy_engine" in text
+    assert "tile mm[i in M/BM, j in ceiling(N/BN)] on sms(rest)" in text
+    assert "mm[i, j] after gather[floor(BM*i*world/M)]" in text
+    assert "M must be divisible by world" in text
+
+
+def test_check_returns_no_diagnostics_for_a_clean_schedule():
+    assert check(run(AG_GEMM, until="schedule").schedule) == []
+
+
+def test_peer_reads_of_a_caller_tensor_read_its_staged_copy_and_do_not_race_with_local_writes():
+    source = tds("""
+        program gather_then_scale
+        param M, N
+        inout X : bf16[M / world, N]
+        out   Y : bf16[M, N]
+        let Ms = M / world
+        chunk pull[s in world] on copy_engine: X@s -> Y[s*Ms : +Ms, :]
+        tile  scale[i in 1]: X = X * 2
+        """)
+    passes(source)
+
+
+def test_program_too_large_to_instantiate_is_warned_not_checked():
+    source = tds("""
+        program many
+        param N
+        const B = 4096
+        in  X : f32[N]
+        out Y : f32[N]
+        out Z : f32[N]
+        tile one[i in N]: Y[i] = X[i]
+        tile blocks[i in N/B]: Z[i*B : +B] = X[i*B : +B]
+        """)
+    (warning,) = passes(source)
+    assert warning.message.startswith("races, deadlocks and bounds were not checked: no params meet")
+    assert (warning.span.line, warning.span.column) == (1, 9)
+
+
+def test_default_sizes_drop_consts_the_conditions_do_not_need_when_instances_would_be_too_many():
+    source = tds("""
+        program ragged
+        param N
+        const B = 4096
+        in  X : f32[N]
+        out Y : f32[N]
+        out Z : f32[N]
+        tile one[i in N]: Y[i] = X[i]
+        tile blocks[i in cdiv(N, B)]: Z[i*B : +B] = X[i*B : +B]
+        """)
+    schedule = run(source, until="schedule").schedule
+    assert default_sizes(schedule, 2) == {"N": 2}
+    assert passes(source) == []
+
+
+def test_launch_condition_on_consts_alone_that_fails_is_an_error():
+    source = tds("""
+        program indivisible
+        param N
+        const B = 4, C = 3
+        in  X : f32[N]
+        out Y : f32[N]
+        tile a[i in B/C]: Y[i*B : +B] = X[i*B : +B]
+        """)
+    error = the_error(source, "B must be divisible by C, and it is not (B = 4, C = 3)")
+    assert at(error) == (6, 13)
