@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of tiledsl in one command, for one device call on a 2- or 4-GPU machine:
-#   bash bench/gpu_all.sh [checks|bench|all]    (default all)
+#   bash bench/gpu_all.sh [checks|bench|profile|all]    (default all)
 # Logs and JSON go to $OUT (or bench/results/); a short table is printed last.
 set -uo pipefail
 what=${1:-all}
@@ -25,6 +25,10 @@ if [ "$what" = checks ] || [ "$what" = all ]; then
   for w in $worlds; do
     run "checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/multigpu_checks.py
   done
+fi
+if [ "$what" = profile ]; then
+  run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py
+  run gemm_tile 200 python3 bench/bench_gemm.py
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run gemm_tile 200 python3 bench/bench_gemm.py

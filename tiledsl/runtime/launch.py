@@ -19,6 +19,7 @@ from tiledsl.runtime import sync
 NUM_SMS_DEFAULT = 132
 # Spin reads per second of waiting, roughly: they turn `wait_timeout_s` into a bound on spins.
 SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
+SHARED_MEMORY_BYTES = 220 * 1024  # per SM on Hopper, less what Triton keeps for itself
 
 
 class LaunchError(ValueError):
@@ -27,6 +28,20 @@ class LaunchError(ValueError):
 
 class ScheduleTimeout(RuntimeError):
     """A wait ran past its bound: the message names the rank, the edge and the epochs."""
+
+
+@dataclass
+class _Call:
+    """What one call needs, prepared once per set of caller tensors."""
+    env: dict
+    diag: torch.Tensor
+    staged: list          # (heap buffer, caller tensor) copied in at the start of each call
+    barrier: tuple        # entry-barrier arguments before the epoch
+    kernel_args: dict
+    copies: dict          # copy-engine family -> [(target, source, signals)] in order
+    roles: dict | None
+    grid: int
+    options: dict
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,7 @@ class Program:
         self.epoch = 0
         self.callers = [t for t in module.TENSORS if t.role in ("in", "out", "inout")]
         self._resources: dict = {}
+        self._calls: dict = {}
         self._comm_stream = None
 
     # ---- the caller's tensors -------------------------------------------------------------------
@@ -212,30 +228,47 @@ class Program:
     # ---- one call -------------------------------------------------------------------------------
     def __call__(self, *args, check: bool = True, **kwargs):
         tensors = self._bind(args, kwargs)
-        env = self._sizes(tensors)
-        res = self._resources_for(env)
+        # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
+        # so a steady-state call is a few launches and no Python bookkeeping.
+        key = tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for n, t in tensors.items())
+        call = self._calls.get(key)
+        if call is None:
+            if len(self._calls) >= 64:
+                self._calls.clear()
+            call = self._calls[key] = self._prepare(tensors)
         self.epoch += 1
-        views = dict(tensors)
-        for spec in self.module.TENSORS:
-            if spec.staged:
-                res[spec.name].copy_(tensors[spec.name])
-            if spec.name in res:
-                views[spec.name] = res[spec.name]
+        for target, source in call.staged:
+            target.copy_(source)
         if self.module.DISTRIBUTED:
-            self._barrier(res)
+            sync.barrier_all[(1,)](*call.barrier, self.epoch, call.diag, self.max_spins)
+        call.kernel_args["epoch"] = self.epoch
         if self.emulated:
-            self._run_serialised(env, res, views)
+            self._run_serialised(call)
         else:
-            self._run_concurrent(env, res, views)
+            self._run_concurrent(call)
         if check:
             self.check()
         outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _barrier(self, res):
-        args = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world, self.epoch,
-                res["diag"], self.max_spins)
-        sync.barrier_all[(1,)](*args)
+    def _prepare(self, tensors) -> "_Call":
+        env = self._sizes(tensors)
+        res = self._resources_for(env)
+        views = dict(tensors)
+        staged = []
+        for spec in self.module.TENSORS:
+            if spec.staged:
+                staged.append((res[spec.name], tensors[spec.name]))
+            if spec.name in res:
+                views[spec.name] = res[spec.name]
+        barrier = ()
+        if self.module.DISTRIBUTED:
+            barrier = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world)
+        copies = {spec.name: self._copy_ops(spec, env, res, views)
+                  for spec in self.module.FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
+        roles, grid = (None, 0) if self.emulated else self._roles(env)
+        return _Call(env, res["diag"], staged, barrier, self._kernel_args(env, res, views), copies, roles, grid,
+                     self._options(env))
 
     def _kernel_args(self, env, res, views) -> dict:
         a = {**env, **res["blocks"], "epoch": self.epoch, "diag": res["diag"], "max_spins": self.max_spins}
@@ -283,46 +316,55 @@ class Program:
             roles.update({f"START_{f.name}": start, f"PROGRAMS_{f.name}": rest})
         return roles, start + (rest if shared else 0)
 
-    def _options(self) -> dict:
-        matmul = any(f.matmul for f in self.module.FAMILIES)
-        options = {"num_warps": 8 if matmul else 4, "num_stages": 3 if matmul else 2}
+    def _options(self, env) -> dict:
+        matmuls = self.module.matmuls(env)
+        options = {"num_warps": 4, "num_stages": 2}
+        if matmuls:
+            # as many pipeline stages as fit in shared memory, between 2 and 4
+            stage_bytes = max((bm * bk + bk * bn) * 2 for _, _, bm, bn, bk in matmuls.values())
+            options = {"num_warps": 8, "num_stages": max(2, min(4, SHARED_MEMORY_BYTES // stage_bytes))}
         if self.module.USES_NVSHMEM and not self.emulated:
             from tiledsl.runtime import nvshmem_device
             nvshmem_device.init_module_hook()
             options["extern_libs"] = nvshmem_device.extern_libs()
         return options
 
-    def _run_serialised(self, env, res, views):
-        args = self._kernel_args(env, res, views)
+    def _run_serialised(self, call):
         for spec in self.module.FAMILIES:
             if spec.name in self.skip:
                 continue
             if spec.engine == "copy_engine":
-                self._copy_engine(spec, env, res, views, stream=None)
+                for target, source, signals in call.copies[spec.name]:
+                    target.copy_(source)
+                    for signal, slot in signals:
+                        signal.view(-1)[slot] = self.epoch
             else:
-                roles, grid = self._roles(env, only=spec.name)
-                self.module.launch_kernel((grid,), args, roles, self._options())
+                roles, grid = self._roles(call.env, only=spec.name)
+                self.module.launch_kernel((grid,), call.kernel_args, roles, call.options)
 
-    def _run_concurrent(self, env, res, views):
+    def _run_concurrent(self, call):
         compute = torch.cuda.current_stream()
-        copies = [f for f in self.module.FAMILIES if f.engine == "copy_engine" and f.name not in self.skip]
-        if copies:
+        if call.copies:
+            from tiledsl.runtime import copy_engine
             if self._comm_stream is None:
                 self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
-            self._comm_stream.wait_stream(compute)
-            for spec in copies:
-                self._copy_engine(spec, env, res, views, stream=self._comm_stream)
-        if any(f.engine != "copy_engine" for f in self.module.FAMILIES):
-            roles, grid = self._roles(env)
-            self.module.launch_kernel((grid,), self._kernel_args(env, res, views), roles, self._options())
-        if copies:
+            comm = self._comm_stream
+            comm.wait_stream(compute)
+            with torch.cuda.stream(comm):
+                for ops in call.copies.values():
+                    for target, source, addresses in ops:
+                        target.copy_(source, non_blocking=True)
+                        for address in addresses:
+                            copy_engine.write_signal(comm, address, self.epoch)
+        if call.grid:
+            self.module.launch_kernel((call.grid,), call.kernel_args, call.roles, call.options)
+        if call.copies:
             # the next call's staging and barrier must come after this call's copies
             compute.wait_stream(self._comm_stream)
-            for t in views.values():
-                if isinstance(t, torch.Tensor) and t.is_cuda:
-                    t.record_stream(self._comm_stream)
 
-    def _copy_engine(self, spec, env, res, views, stream):
+    def _copy_ops(self, spec, env, res, views) -> list:
+        """(target, source, signals) for each instance in order; signals are (tensor, slot) pairs when
+        emulated and device addresses for cuStreamWriteValue32 on a GPU."""
         def tensor(name, owner):
             if owner is None or owner == self.rank:
                 return views[name]
@@ -330,22 +372,17 @@ class Program:
 
         signals = res.get(f"sig_{spec.name}")
         view_of = getattr(self.module, f"views_{spec.name}")
+        count = self.module.counts(env)[spec.name]
+        ops = []
         for instance in res[f"order_{spec.name}"]:
             source, target, owner = view_of(env, tensor, instance)
-            slot = self.rank * spec.split * self.module.counts(env)[spec.name] + instance * spec.split
-            targets = [] if signals is None else (
-                [owner] if spec.notify == "local" else list(range(self.world)))
-            if stream is None:
-                target.copy_(source)
-                for r in targets:
-                    self._signal_view(signals, r).view(-1)[slot] = self.epoch
-            else:
-                from tiledsl.runtime import copy_engine
-                with torch.cuda.stream(stream):
-                    target.copy_(source, non_blocking=True)
-                for r in targets:
-                    address = self._signal_view(signals, r).data_ptr() + 4 * slot
-                    copy_engine.write_signal(stream, address, self.epoch)
+            slot = self.rank * spec.split * count + instance * spec.split
+            ranks = [] if signals is None else ([owner] if spec.notify == "local" else list(range(self.world)))
+            copies = [(self._signal_view(signals, r), slot) for r in ranks]
+            if not self.emulated:
+                copies = [view.data_ptr() + view.element_size() * slot for view, slot in copies]
+            ops.append((target, source, copies))
+        return ops
 
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)
