@@ -48,7 +48,7 @@ def notify(sig_ptr, epoch):
     tl.atomic_xchg(sig_ptr, epoch, sem="release", scope="sys")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "epoch", "max_spins"])
 def barrier_all(bar_ptr, peers_bar, rank, world, epoch, diag_ptr, max_spins):
     """Every rank tells every rank it reached this call, then waits to hear from all: inputs are
     staged everywhere and no rank still reads buffers that this call will overwrite."""
