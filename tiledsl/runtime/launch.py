@@ -195,7 +195,11 @@ class Program:
         res: dict = {}
         for spec in self.module.TENSORS:
             dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
-            if spec.role == "symm" or spec.staged:
+            if spec.staged:
+                # Staged inputs are written before the entry barrier, while peers may still be reading
+                # the previous call's copy: two buffers, alternating by epoch, keep those apart.
+                res[spec.name] = [self.heap.alloc(shapes[spec.name], dtype) for _ in range(2)]
+            elif spec.role == "symm":
                 res[spec.name] = self.heap.alloc(shapes[spec.name], dtype)
             elif spec.role == "local":
                 res[spec.name] = torch.empty(shapes[spec.name], dtype=dtype, device=self.device)
@@ -230,12 +234,14 @@ class Program:
         tensors = self._bind(args, kwargs)
         # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
         # so a steady-state call is a few launches and no Python bookkeeping.
-        key = tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for n, t in tensors.items())
+        parity = (self.epoch + 1) % 2
+        key = (parity,) + tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+                                for n, t in tensors.items())
         call = self._calls.get(key)
         if call is None:
             if len(self._calls) >= 64:
                 self._calls.clear()
-            call = self._calls[key] = self._prepare(tensors)
+            call = self._calls[key] = self._prepare(tensors, parity)
         self.epoch += 1
         for target, source in call.staged:
             target.copy_(source)
@@ -251,15 +257,16 @@ class Program:
         outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _prepare(self, tensors) -> "_Call":
+    def _prepare(self, tensors, parity: int) -> "_Call":
         env = self._sizes(tensors)
         res = self._resources_for(env)
         views = dict(tensors)
         staged = []
         for spec in self.module.TENSORS:
             if spec.staged:
-                staged.append((res[spec.name], tensors[spec.name]))
-            if spec.name in res:
+                views[spec.name] = res[spec.name][parity]
+                staged.append((views[spec.name], tensors[spec.name]))
+            elif spec.name in res:
                 views[spec.name] = res[spec.name]
         barrier = ()
         if self.module.DISTRIBUTED:
