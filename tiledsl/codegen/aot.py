@@ -58,9 +58,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             signature[name] = "*i32"
         elif name.startswith("desc_"):
             family, side = name[5:].rsplit("_", 1)
-            left, right, bm, bn, bk = matmuls[family]
-            operand = left if side == "a" else right
-            shape = [bm, bk] if side == "a" else [bk, bn]
+            left, right, bm, bn, bk, target = matmuls[family]
+            operand, shape = {"a": (left, [bm, bk]), "b": (right, [bk, bn]), "c": (target, [bm, bn])}[side]
             signature[name] = f"tensordesc<{TL_TYPES[dtype or tensors[operand].dtype]}[{shape[0]},{shape[1]}]>"
         elif name in module.CONSTS:
             constexprs[name] = module.CONSTS[name]
@@ -76,7 +75,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             signature[name] = "i32"
     for name in constexprs:
         signature[name] = "constexpr"
-    options = {"num_warps": 8 if matmuls else 4, "num_stages": 3 if matmuls else 2}
+    from tiledsl.runtime.launch import kernel_options
+    options = kernel_options(module, env)
     if module.USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())

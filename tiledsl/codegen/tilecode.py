@@ -37,6 +37,9 @@ TL_DTYPES = {"bfloat16": "tl.bfloat16", "float16": "tl.float16", "float32": "tl.
              "uint8": "tl.uint8"}
 
 
+SHARED_MEMORY_BYTES = 220 * 1024  # per SM on Hopper, less what Triton keeps for itself
+
+
 class LoweringError(Exception):
     """The schedule is valid but uses something code generation does not support yet."""
 
@@ -90,10 +93,30 @@ class TileLowering:
                 # the next store may read what this instance just stored: make it visible to every thread
                 self.out.lines.append("tl.debug_barrier()")
             value = self.value(store.value, self.out.lines, "")
-            ptr, mask = self.pointer(store.target, len(self.axes), "")
             target = self.tensor_base(store.target)
+            if self.out.matmul is not None and self.tma_store(store.target):
+                # a TMA store clips at the tensor's edge by itself and frees the registers that a
+                # [BM, BN] block of pointers would take
+                dims = store.target.dims
+                self.out.matmul["target"] = target
+                self.out.lines.append(f"desc_{self.family.name}_c.store([{code(dims[0].start)}, {code(dims[1].start)}], "
+                                      f"{value}.to({target}.dtype.element_ty))")
+                continue
+            ptr, mask = self.pointer(store.target, len(self.axes), "")
             self.out.lines.append(f"tl.store({ptr}, {value}.to({target}.dtype.element_ty), mask={mask})")
         return self.out
+
+    def tma_store(self, target: ir.Region) -> bool:
+        """A product's block goes out through a TMA descriptor when it is a local 2-D block of the whole
+        tile and shared memory holds both the pipeline (2 stages at least) and the staging of the block."""
+        tensor = self.schedule.tensors[target.tensor]
+        matmul = self.out.matmul
+        if target.owner is not None or len(tensor.shape) != 2 or not all(d.kept for d in target.dims) \
+                or len(self.family.stores) != 1:
+            return False
+        bm, bn = int(matmul["block_m"]), int(matmul["block_n"])
+        bk = self.consts.get("BK", 64)
+        return 2 * (bm * bk + bk * bn) * 2 + bm * bn * 2 <= SHARED_MEMORY_BYTES
 
     def axis(self, size: sympy.Expr, n: int) -> Axis:
         value = size.subs({sympy.Symbol(k, integer=True, positive=True): v for k, v in self.consts.items()})
@@ -195,7 +218,7 @@ class TileLowering:
             "left": left.tensor, "right": right.tensor,
             "row": code(left.dims[0].start), "col": code(right.dims[1].start),
             "k": code(k_left.size), "block_m": self.axes[0].block, "block_n": self.axes[1].block,
-            "block_k": "BK" if "BK" in self.consts else str(block_k),
+            "block_k": "BK" if "BK" in self.consts else str(block_k), "target": None,
         }
         return "acc"
 

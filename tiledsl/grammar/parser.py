@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import keyword
+import re
 from pathlib import Path
 
 import lark
@@ -14,7 +15,8 @@ from tiledsl.diagnostics import Diagnostic, TdsError, error
 from tiledsl.grammar import ast
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024
-MAX_NESTING = 64  # brackets and operators deeper than this are refused before they reach recursion
+MAX_NESTING = 64  # brackets deeper than this are refused before they reach recursion
+MAX_OPERATORS = 4 * MAX_NESTING  # operators and brackets in one statement: each may deepen the tree
 
 STATEMENTS = ("program", "param", "const", "tune", "let", "in", "out", "inout", "symm", "local",
               "chunk", "tile", "order", "place")
@@ -22,7 +24,7 @@ TERMINAL_NAMES = {
     "NAME": "a name", "NUMBER": "a number", "_NL": "end of line", "MATMUL": "'@'", "PEER": "'@'",
     "COLON": "':'", "COMMA": "','", "LSQB": "'['", "RSQB": "']'", "LPAR": "'('", "RPAR": "')'",
     "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'",
-    "SEMICOLON": "';'", "$END": "end of file",
+    "SEMICOLON": "';'", "_ARROW": "'->'", "$END": "end of file",
 }
 
 
@@ -43,7 +45,13 @@ def parse_file(path: str | Path) -> ast.Program:
 
 def parse(source: str | bytes, path: str = "<tds>") -> ast.Program:
     """Parse .tds text (str, or bytes that must be UTF-8) into a Program; raise TdsError on any mistake."""
+    if not path.isprintable():
+        # the path is written into generated code and diagnostics: a newline there could start a statement
+        shown = path.encode("unicode_escape").decode("ascii")
+        raise TdsError([error("the file name contains a control character (a newline, a tab, ...)",
+                              ast.Span.none())], shown)
     text = _decode(source, path)
+    _refuse_control_characters(text, path)
     _refuse_deep_nesting(text, path)
     try:
         tree = _lark().parse(text)
@@ -75,77 +83,172 @@ def _decode(source: str | bytes, path: str) -> str:
     return source
 
 
+# Python ends a line at a lone '\r' and refuses NUL: in a comment that generated code quotes, either
+# could start a statement. Line separators that str.splitlines() knows would shift every line number.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f\x85\u2028\u2029]|\r(?!\n)")
+
+
+def _refuse_control_characters(text: str, path: str) -> None:
+    found = _CONTROL.search(text)
+    if found is None:
+        return
+    line = text.count("\n", 0, found.start()) + 1
+    col = found.start() - (text.rfind("\n", 0, found.start()) + 1) + 1
+    char = found.group()
+    what = "a carriage return ('\\r') that does not end a line" if char == "\r" else \
+        f"control character U+{ord(char):04X}"
+    raise TdsError([error(f"{what} is not allowed in a .tds file, not even in a comment",
+                          ast.Span(line, col, line, col + 1),
+                          hint="save the file with \\n or \\r\\n line ends" if char == "\r" else None)], path, text)
+
+
 def _refuse_deep_nesting(text: str, path: str) -> None:
-    """Later stages walk expressions recursively; a bound here keeps them from ever hitting
-    Python's recursion limit, whatever the input (deep brackets or a very long operator chain)."""
-    for number, line in enumerate(text.splitlines(), 1):
-        depth = 0
-        operators = 0
-        for col, ch in enumerate(line, 1):
-            if ch == "#":
-                break
-            if ch in "([":
+    """Later stages walk expressions recursively; bounds here keep them from ever hitting Python's
+    recursion limit, whatever the input (deep brackets, long operator chains, `X[0][0]...`). A
+    statement continued with '\' is counted as one line."""
+    depth = operators = 0
+    for number, line in enumerate(text.split("\n"), 1):
+        code = line.split("#", 1)[0]
+        for match in _NESTING.finditer(code):
+            token, col = match.group(), match.start() + 1
+            if token in ")]":
+                depth = max(0, depth - 1)
+                continue
+            operators += 1
+            if token in "([":
                 depth += 1
                 if depth > MAX_NESTING:
                     raise TdsError([error(f"brackets nested deeper than {MAX_NESTING} levels",
                                           ast.Span(number, col, number, col + 1))], path, text)
-            elif ch in ")]":
-                depth -= 1
-            elif ch in "+-*/%@":
-                operators += 1
-                if operators > 8 * MAX_NESTING:
-                    raise TdsError([error(f"statement has more than {8 * MAX_NESTING} operators",
-                                          ast.Span(number, col, number, col + 1),
-                                          hint="split it with `let` sizes")], path, text)
+            if operators > MAX_OPERATORS:
+                raise TdsError([error(f"statement has more than {MAX_OPERATORS} operators and brackets",
+                                      ast.Span(number, col, number, col + len(token)),
+                                      hint="split it with `let` sizes")], path, text)
+        if not code.rstrip(" \t\f\r").endswith("\\"):
+            depth = operators = 0
+
+
+_NESTING = re.compile(r"[()\[\]]|[-+*/%@]|\bmod\b")
+_WORD = re.compile(r"[ \t\f]*([A-Za-z_][A-Za-z0-9_]*)")
+# Statement words that cannot appear inside a statement (`in` can: `i in M`).
+_STATEMENT_TOKENS = {w.upper(): w for w in STATEMENTS if w != "in"}
 
 
 def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic:
+    lines = text.split("\n")
+    if isinstance(exc, lark.exceptions.UnexpectedEOF) or \
+            isinstance(exc, lark.exceptions.UnexpectedToken) and exc.token.type == "$END":
+        return _end_of_file(text)
     line, col = max(exc.line, 1), max(exc.column, 1)
     span = ast.Span(line, col, line, col + 1)
-    lines = text.splitlines()
     line_text = lines[line - 1] if 0 < line <= len(lines) else ""
     if isinstance(exc, lark.exceptions.UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else "?"
-        shown = repr(char)
-        if char == "@":
-            return error("'@' must be followed by a rank (`X@r`) or stand between blanks (`A @ B`)", span)
-        return error(f"unexpected character {shown}", span,
-                     hint="names are letters, digits and '_'; comments start with '#'")
-    if isinstance(exc, lark.exceptions.UnexpectedEOF):
-        return error("unexpected end of file: the last statement is incomplete", span)
+        return _unexpected_character(text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else "?", span)
     token: Token = exc.token
     expected = sorted(getattr(exc, "expected", ()) or ())
-    width = max(1, len(str(token))) if token.type != "$END" else 1
-    span = ast.Span(line, col, line, col + width)
-    if token.type == "$END":
-        return error("unexpected end of file: the last statement is incomplete", span)
-    first_word = line_text.split()[0] if line_text.split() else ""
-    if col == len(line_text) - len(line_text.lstrip()) + 1 and token.type == "NAME" and line > 1 \
-            and "NAME" not in expected:
-        return _unknown_statement(token, span)
-    if token.type == "NAME" and first_word not in STATEMENTS and line_text.lstrip().startswith(str(token)) \
-            and "AFTER" in expected:
-        return _unknown_statement(token, span)
+    span = ast.Span(line, col, line, col + max(1, len(str(token))))
+    first, first_line, first_col = _statement_word(lines, line)
+    if "PROGRAM" in expected:
+        guess = difflib.get_close_matches(first or "", ["program"], n=1)
+        return error("a .tds file starts with `program NAME`", span,
+                     hint="did you mean 'program'?" if guess else "program my_kernel")
+    if first and first not in STATEMENTS and first != "program":
+        # Only an edge starts with a name that is no statement word, and an edge's name is followed by '['.
+        after_word = lines[first_line - 1][first_col - 1 + len(first):].lstrip(" \t\f")
+        if not after_word.startswith("[") or (first_line, first_col) == (line, col):
+            return _unknown_statement(first, ast.Span(first_line, first_col, first_line, first_col + len(first)))
+    if token.type in _STATEMENT_TOKENS:
+        return error(f"'{token}' starts a new statement: write one statement per line", span)
     if token.type == "_NL":
-        opened = _unclosed_bracket(line_text)
+        opened = _unclosed_bracket(_logical_line(lines, first_line, line))
         if opened:
-            return error(f"'{opened[0]}' opened at column {opened[1]} is not closed on this line",
-                         ast.Span(line, opened[1], line, opened[1] + 1),
+            where = _position(lines, first_line, opened[1])
+            at = f"column {where[1]}" if where[0] == line else f"{where[0]}:{where[1]}"
+            return error(f"'{opened[0]}' opened at {at} is not closed on this line",
+                         ast.Span(*where, where[0], where[1] + 1),
                          hint="a statement ends at the end of its line; use '\\' to continue it")
         return error(f"the line ends too early: expected {_expected(expected)}", span)
+    if token.type in ("RPAR", "RSQB"):
+        opened = _unclosed_bracket(line_text[: col - 1])
+        if opened is None:
+            return error(f"'{token}' closes nothing: no bracket is open here", span)
+        if opened[0] + str(token) not in ("()", "[]"):
+            return error(f"'{token}' does not match the '{opened[0]}' opened at column {opened[1]}", span)
     if token.type in ("MATMUL", "PEER") and "AFTER" in expected:
-        return error("an edge reads `consumer[i, j] after producer[...]`; '@' comes after the producer",
-                     span)
-    if token.type == "EQUAL" and "COLON" in expected:
-        return error("expected ':' before the body of the family", span,
-                     hint="tile mm[i in M/BM]: C[i*BM : +BM] = ...")
-    return error(f"unexpected {_describe(token)}: expected {_expected(expected)}", span)
+        return error("an edge reads `consumer[i, j] after producer[...]`; '@' comes after the producer", span)
+    if token.type == "EQUAL" and line_text[col - 2: col - 1] == "=":
+        return error("'==' is not an operator: a tile body assigns with one '='", span)
+    if "COLON" in expected and not {"RSQB", "RPAR", "COMMA"} & set(expected):
+        if first in ("tile", "chunk"):
+            return error(f"expected ':' before the body of the {first}", span,
+                         hint="tile mm[i in M/BM]: C[i*BM : +BM] = ..." if first == "tile" else
+                         "chunk gather[s in world] on copy_engine: A@s -> A_all[s*Ms : +Ms, :]")
+        if first in ("in", "out", "inout", "symm", "local"):
+            return error("expected ':' between the tensor's name and its type", span,
+                         hint=f"{first} X : bf16[M, N]")
+    if "_ARROW" in expected and first == "chunk":
+        return error("expected '->' between what the chunk copies and where it copies to", span,
+                     hint="chunk gather[s in world] on copy_engine: A@s -> A_all[s*Ms : +Ms, :]")
+    if token.type == "LSQB" and expected == ["NAME"] and first in ("in", "out", "inout", "symm", "local"):
+        return error("expected the tensor's dtype before its shape", span, hint=f"{first} X : bf16[M, N]")
+    if token.type == "COLON" and first in ("tile", "chunk") and "]" not in line_text[: col - 1]:
+        return error("an index runs over 0 .. extent-1: write `i in M`, not a range", span)
+    hint = None
+    if token.type == "NAME":
+        words = [_terminal(t) for t in expected if _terminal(t).strip("'").isalpha()]
+        guess = difflib.get_close_matches(f"'{token}'", words, n=1)
+        hint = f"did you mean {guess[0]}?" if guess else None
+    return error(f"unexpected {_describe(token)}: expected {_expected(expected)}", span, hint=hint)
 
 
-def _unknown_statement(token: Token, span: ast.Span) -> Diagnostic:
-    guess = difflib.get_close_matches(str(token), STATEMENTS + ("after",), n=1)
+def _end_of_file(text: str) -> Diagnostic:
+    code = "\n".join(line.split("#", 1)[0] for line in text.split("\n")).rstrip()
+    if not code:
+        return error("the file is empty: a .tds file starts with `program NAME`", ast.Span.none())
+    line = code.count("\n") + 1
+    col = len(code) - (code.rfind("\n") + 1) + 1
+    return error("unexpected end of file: the last statement is incomplete", ast.Span(line, col, line, col + 1))
+
+
+def _unexpected_character(char: str, span: ast.Span) -> Diagnostic:
+    if char == "@":
+        return error("'@' must be followed by a rank (`X@r`) or stand between blanks (`A @ B`)", span)
+    if char in "\"'":
+        return error(f"unexpected {char!r}: tiledsl has no strings", span)
+    shown = repr(char) if char.isprintable() else f"{char!r} (U+{ord(char):04X})"
+    return error(f"unexpected character {shown}", span,
+                 hint="names are letters, digits and '_'; comments start with '#'")
+
+
+def _statement_word(lines: list[str], line: int) -> tuple[str | None, int, int]:
+    """The first word of the statement that line `line` belongs to, its line and column."""
+    start = line
+    while start > 1 and lines[start - 2].split("#", 1)[0].rstrip(" \t\f\r").endswith("\\"):
+        start -= 1
+    match = _WORD.match(lines[start - 1]) if 0 < start <= len(lines) else None
+    if match is None:
+        return None, start, 1
+    return match.group(1), start, match.start(1) + 1
+
+
+def _logical_line(lines: list[str], first: int, last: int) -> str:
+    """Lines first..last joined, continuation backslashes kept so that columns can be mapped back."""
+    return "\n".join(lines[first - 1: last])
+
+
+def _position(lines: list[str], first: int, offset: int) -> tuple[int, int]:
+    """Line and column of the 1-based `offset` into _logical_line(lines, first, ...)."""
+    line = first
+    while offset > len(lines[line - 1]) + 1 and line < len(lines):
+        offset -= len(lines[line - 1]) + 1
+        line += 1
+    return line, offset
+
+
+def _unknown_statement(word: str, span: ast.Span) -> Diagnostic:
+    guess = difflib.get_close_matches(word, STATEMENTS + ("after",), n=1)
     hint = f"did you mean '{guess[0]}'?" if guess else "statements start with one of: " + ", ".join(STATEMENTS)
-    return error(f"unknown statement '{token}'", span, hint=hint)
+    return error(f"unknown statement '{word}'", span, hint=hint)
 
 
 def _unclosed_bracket(line: str) -> tuple[str, int] | None:
@@ -170,12 +273,21 @@ def _describe(token: Token) -> str:
     return f"'{token}'"
 
 
+def _terminal(term: str) -> str:
+    """How a terminal reads in a message: 'after', '->', a name."""
+    if term in TERMINAL_NAMES:
+        return TERMINAL_NAMES[term]
+    try:
+        pattern = _lark().get_terminal(term).pattern
+    except KeyError:
+        return term.lower()
+    return f"'{pattern.value}'" if pattern.type == "str" else term.lower()
+
+
 def _expected(expected: list[str]) -> str:
     names = []
     for term in expected:
-        name = TERMINAL_NAMES.get(term)
-        if name is None:
-            name = f"'{term.lower()}'" if term.isalpha() else term
+        name = _terminal(term)
         if name not in names:
             names.append(name)
     if len(names) > 6:
@@ -353,7 +465,13 @@ class _Builder(Transformer):
 
     def number(self, meta, children):
         text = str(children[0])
-        value = float(text) if any(c in text for c in ".eE") else int(text)
+        try:
+            value = float(text) if any(c in text for c in ".eE") else int(text)
+        except ValueError:  # more digits than int() accepts
+            value = float("inf")
+        if not -2**63 <= value < 2**63:
+            raise TdsError([error(f"number {text[:20]}{'...' if len(text) > 20 else ''} is too large "
+                                  "(numbers fit in 64 bits)", _span(meta))])
         return ast.Num(value, _span(meta))
 
     def name(self, meta, children):

@@ -85,6 +85,17 @@ def unlinear(number: int, extents: tuple) -> tuple:
     return tuple(reversed(out))
 
 
+def kernel_options(module, env) -> dict:
+    """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
+    memory holds next to the staging of its TMA-stored block."""
+    matmuls = module.matmuls(env)
+    if not matmuls:
+        return {"num_warps": 4, "num_stages": 2}
+    stage_bytes = max((bm * bk + bk * bn) * 2 for _, _, bm, bn, bk, _ in matmuls.values())
+    staging = max((bm * bn * 2 if target else 0) for _, _, bm, bn, _, target in matmuls.values())
+    return {"num_warps": 8, "num_stages": max(2, min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes))}
+
+
 class Program:
     """A compiled program bound to a rank. Call it with the caller's tensors (in, out and inout, in
     declaration order, or by name); it returns the out and inout tensors."""
@@ -296,9 +307,12 @@ class Program:
 
     def _descriptors(self, family, env, views) -> dict:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        left, right, block_m, block_n, block_k = self.module.matmuls(env)[family]
-        return {f"desc_{family}_a": TensorDescriptor.from_tensor(views[left], [block_m, block_k]),
-                f"desc_{family}_b": TensorDescriptor.from_tensor(views[right], [block_k, block_n])}
+        left, right, block_m, block_n, block_k, target = self.module.matmuls(env)[family]
+        out = {f"desc_{family}_a": TensorDescriptor.from_tensor(views[left], [block_m, block_k]),
+               f"desc_{family}_b": TensorDescriptor.from_tensor(views[right], [block_k, block_n])}
+        if target is not None:
+            out[f"desc_{family}_c"] = TensorDescriptor.from_tensor(views[target], [block_m, block_n])
+        return out
 
     def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
         """RUN/START/PROGRAMS for every kernel family, and the grid size."""
@@ -324,12 +338,7 @@ class Program:
         return roles, start + (rest if shared else 0)
 
     def _options(self, env) -> dict:
-        matmuls = self.module.matmuls(env)
-        options = {"num_warps": 4, "num_stages": 2}
-        if matmuls:
-            # as many pipeline stages as fit in shared memory, between 2 and 4
-            stage_bytes = max((bm * bk + bk * bn) * 2 for _, _, bm, bn, bk in matmuls.values())
-            options = {"num_warps": 8, "num_stages": max(2, min(4, SHARED_MEMORY_BYTES // stage_bytes))}
+        options = kernel_options(self.module, env)
         if self.module.USES_NVSHMEM and not self.emulated:
             from tiledsl.runtime import nvshmem_device
             nvshmem_device.init_module_hook()

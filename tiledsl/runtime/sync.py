@@ -25,6 +25,14 @@ EMULATED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 @triton.jit
 def wait(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance):
+    # The common case, a signal already there, costs one read and no loop, so that a persistent
+    # loop holding this wait can still be flattened into one software pipeline.
+    if tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys") < epoch:
+        wait_slow(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance)
+
+
+@triton.jit(noinline=True)
+def wait_slow(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance):
     seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
     spins = 0
     while (seen < epoch) & (spins < max_spins):

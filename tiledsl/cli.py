@@ -1,0 +1,249 @@
+"""The `tiledsl` command: check, build, draw and run .tds programs.
+
+Exit codes: 0 success, 1 the program has errors (diagnostics on stderr), 2 bad usage or a part of
+tiledsl that this build lacks, 3 a bug in tiledsl (one line; TILEDSL_TRACEBACK=1 shows the traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+import tiledsl
+from tiledsl import pipeline
+from tiledsl.diagnostics import TdsError
+
+OK, ERRORS, UNAVAILABLE, INTERNAL = 0, 1, 2, 3
+GRAPH_FORMATS = (".png", ".svg", ".dot")
+
+
+class Unavailable(Exception):
+    """A stage or command that another part of tiledsl provides, missing from this build."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one tiledsl command; return its exit code (never raises for bad input)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors: argparse has printed them
+        return exc.code if isinstance(exc.code, int) else UNAVAILABLE
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return UNAVAILABLE
+    return args.handler(args)
+
+
+# ---- commands ----------------------------------------------------------------------------------
+
+def cmd_check(args) -> int:
+    worst = OK
+    for path in args.files:
+        code = _guarded(path, lambda: _check_one(path))
+        worst = max(worst, code)
+    return worst
+
+
+def _check_one(path: str) -> int:
+    done = pipeline.run(Path(path), until="check")
+    _print_warnings(done)
+    print(f"{path}: ok")
+    return OK
+
+
+def cmd_build(args) -> int:
+    return _guarded(args.file, lambda: _build(args))
+
+
+def _build(args) -> int:
+    until = args.dump_after or "module"
+    if args.arch and until != "module":
+        return _usage_error("--arch compiles the generated module; it cannot follow --dump-after")
+    done = pipeline.run(Path(args.file), until=until, consts=dict(args.define))
+    _print_warnings(done)
+    if args.dump_after:
+        print(pipeline.dump(done, args.dump_after))
+        return OK
+    out = args.output or str(_default_output(args.file))
+    if out == "-":
+        sys.stdout.write(done.module)
+    else:
+        Path(out).write_text(done.module)
+        print(f"{args.file}: wrote {out}", file=sys.stderr)
+    if args.arch:
+        try:
+            from tiledsl.codegen.aot import compile_report
+        except ImportError as exc:
+            raise Unavailable("ahead-of-time compilation (--arch) is not available in this build") from exc
+        print(compile_report(done.plan if out == "-" else out, args.arch))
+    return OK
+
+
+def _default_output(path: str) -> Path:
+    source = Path(path)
+    return source.with_name(source.stem + "_tds.py")
+
+
+def cmd_graph(args) -> int:
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in GRAPH_FORMATS:
+        return _usage_error(f"graph output must end in {', '.join(GRAPH_FORMATS)}, not '{args.output}'")
+
+    def draw() -> int:
+        from tiledsl.graph import draw as draw_graph
+        done = pipeline.run(Path(args.file), until="schedule")
+        how = draw_graph(done.schedule, args.output)
+        print(f"{args.file}: wrote {args.output} ({how})", file=sys.stderr)
+        return OK
+
+    return _guarded(args.file, draw)
+
+
+def cmd_run(args) -> int:
+    def run() -> int:
+        try:
+            from tiledsl.runtime.run_program import main_run
+        except ImportError as exc:
+            raise Unavailable("`tiledsl run` (the launcher and emulator) is not available yet in this build") from exc
+        return main_run(args)
+
+    return _guarded(args.file, run)
+
+
+# ---- errors: diagnostics, missing parts, bugs ----------------------------------------------------
+
+def _guarded(path: str, action) -> int:
+    """Run one command on one file, turning every failure into a message and an exit code."""
+    try:
+        return action()
+    except TdsError as exc:
+        print(exc.render(), file=sys.stderr)
+        return ERRORS
+    except Unavailable as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return UNAVAILABLE
+    except ImportError as exc:
+        missing = _missing_part(exc)
+        if missing is None:
+            return _internal(exc)
+        print(f"{path}: {missing} is not available in this build", file=sys.stderr)
+        return UNAVAILABLE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a compiler bug is reported in one line, not a traceback
+        return _internal(exc)
+
+
+def _missing_part(exc: ImportError) -> str | None:
+    """Stages written by other people land at different times: name what is missing."""
+    name = exc.name or ""
+    if name.startswith("tiledsl.codegen"):
+        return "code generation"
+    if name.startswith("tiledsl.runtime"):
+        return "the runtime"
+    if name.startswith("tiledsl.schedule.check") or name.startswith("tiledsl.schedule.instances"):
+        return "the check stage"
+    if name.startswith("tiledsl.schedule.describe"):
+        return "the schedule printer (--dump-after schedule|check)"
+    if name.startswith("tiledsl."):
+        return f"'{name}'"
+    return None
+
+
+def _internal(exc: BaseException) -> int:
+    if os.environ.get("TILEDSL_TRACEBACK") == "1":
+        raise exc
+    where = exc.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    site = f" (at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno})" if where else ""
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    print(f"internal error: {type(exc).__name__}: {message[:300]}{site}; "
+          "set TILEDSL_TRACEBACK=1 for the traceback", file=sys.stderr)
+    return INTERNAL
+
+
+def _usage_error(message: str) -> int:
+    print(f"tiledsl: error: {message}", file=sys.stderr)
+    return UNAVAILABLE
+
+
+def _print_warnings(done: pipeline.Compilation) -> None:
+    for warning in done.warnings:
+        print(warning.render(done.path, done.source), file=sys.stderr)
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _assignment(text: str) -> tuple[str, int]:
+    """NAME=VALUE with an integer VALUE, for -D and --size."""
+    name, eq, value = text.partition("=")
+    if not eq or not _NAME.match(name):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got '{text}'")
+    try:
+        return name, int(value, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: '{value}' is not an integer") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tiledsl", description="Compile .tds programs into distributed GPU kernels that overlap "
+                                    "communication with compute.")
+    parser.add_argument("--version", action="version", version=f"tiledsl {tiledsl.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    check = commands.add_parser("check", help="check programs for errors, races and deadlocks",
+                                description="Parse and check each FILE; print its diagnostics, or 'FILE: ok'.")
+    check.add_argument("files", nargs="+", metavar="FILE", help="a .tds program")
+    check.set_defaults(handler=cmd_check)
+
+    build = commands.add_parser("build", help="generate the Python module (Triton kernels and launcher)",
+                                description="Compile FILE to a Python module, or show one stage of it.")
+    build.add_argument("file", metavar="FILE", help="a .tds program")
+    build.add_argument("-o", "--output", metavar="OUT.py",
+                       help="where to write the module ('-' for stdout; default: FILE's name + _tds.py)")
+    build.add_argument("--dump-after", metavar="STAGE", choices=pipeline.STAGES,
+                       help=f"print the result of STAGE ({', '.join(pipeline.STAGES)}) and stop")
+    build.add_argument("--arch", metavar="ARCH", help="also compile the kernels for ARCH (e.g. sm_90) and "
+                                                      "print their registers, shared memory and spills")
+    build.add_argument("-D", dest="define", metavar="NAME=VALUE", type=_assignment, action="append", default=[],
+                       help="set a const or tunable size (repeatable)")
+    build.set_defaults(handler=cmd_build)
+
+    graph = commands.add_parser("graph", help="draw the schedule graph",
+                                description="Draw FILE's families, tensors and edges.")
+    graph.add_argument("file", metavar="FILE", help="a .tds program")
+    graph.add_argument("-o", "--output", metavar="OUT", required=True,
+                       help="OUT.png or OUT.svg (graphviz `dot` if installed, else matplotlib), or OUT.dot")
+    graph.set_defaults(handler=cmd_graph)
+
+    run = commands.add_parser("run", help="run a program on GPUs, or emulated on the CPU",
+                              description="Run FILE on random inputs and compare with torch.distributed.")
+    run.add_argument("file", metavar="FILE", help="a .tds program")
+    run.add_argument("--world", type=_positive, default=None, metavar="N", help="number of ranks")
+    run.add_argument("--size", metavar="NAME=VALUE", type=_assignment, action="append", default=[],
+                     help="a param size (repeatable)")
+    run.add_argument("--emulate", action="store_true", help="run the ranks in Triton's interpreter on the CPU")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+__all__ = ["main"]
