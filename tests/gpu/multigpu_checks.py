@@ -46,9 +46,9 @@ def ag_gemm_check(source, rank, world, heap, M, K, N, **consts):
     return run
 
 
-def gemm_rs_check(rank, world, heap, M, K, N):
+def gemm_rs_check(rank, world, heap, M, K, N, name="gemm_rs"):
     def run():
-        program = tiledsl.compile(PROGRAMS / "gemm_rs.tds", heap)
+        program = tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
         A = torch.randn(M, K // world, device="cuda", dtype=torch.bfloat16)
         B = torch.randn(K // world, N, device="cuda", dtype=torch.bfloat16)
         want = torch.empty(M // world, N, device="cuda", dtype=torch.float32)
@@ -108,6 +108,8 @@ def main() -> int:
         record(f"ag_gemm nvshmem M={M} K={K} N={N}",
                ag_gemm_check(PROGRAMS / "ag_gemm_push.tds", rank, world, heap, M, K, N))
         record(f"gemm_rs sms M={M} K={K * world} N={N}", gemm_rs_check(rank, world, heap, M, K * world, N))
+        record(f"gemm_rs_push sms M={M} K={K * world} N={N}",
+               gemm_rs_check(rank, world, heap, M, K * world, N, "gemm_rs_push"))
 
     def all_reduce(x):
         y = x.float().clone()

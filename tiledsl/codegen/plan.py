@@ -253,7 +253,7 @@ def decode_lines(family: ir.Family) -> list[str]:
 
 
 BLOCK_1D = 2048          # elements per step of a 1-D chunk copy
-BLOCK_2D = (16, 256)     # rows x columns per step of a 2-D chunk copy
+BLOCK_2D = (32, 256)     # rows x columns per step of a 2-D chunk copy: 16 KB of bf16 in flight
 
 
 def plan_copy(schedule: ir.Schedule, family: ir.Family) -> dict:
