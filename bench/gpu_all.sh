@@ -27,8 +27,8 @@ if [ "$what" = checks ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = profile ]; then
+  run gemm_variants 200 python3 bench/experiments/gemm_variants.py
   run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py
-  run gemm_tile 200 python3 bench/bench_gemm.py
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run gemm_tile 200 python3 bench/bench_gemm.py

@@ -1,5 +1,5 @@
-"""Where one call's time goes, under torchrun: host time per call, GPU time per call, and the GPU
-kernels of a few calls (torch.profiler), for AG+GEMM (copy engine and SM gather) and GEMM+RS."""
+"""Where one call's time goes on every rank, under torchrun: host time per call, GPU time per call,
+and each rank's average time in each GPU kernel over a few calls (torch.profiler)."""
 import os
 import sys
 import time
@@ -17,7 +17,7 @@ from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 
 
-def host_us(fn, calls=50):
+def host_us(fn, calls=30):
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
@@ -33,15 +33,11 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     heap = open_heap()
-    ag_text = (PROGRAMS / "ag_gemm.tds").read_text()
-    variants = {"ag_gemm/copy_engine": PROGRAMS / "ag_gemm.tds",
-                "ag_gemm/sms": ag_text.replace("on copy_engine", "on sms(16)"),
-                "gemm_rs": PROGRAMS / "gemm_rs.tds"}
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     for model in ("LLaMA-7B", "LLaMA-3-70B"):
         N, K = SHAPES[model]
-        for name, source in variants.items():
-            program = tiledsl.compile(source, heap)
+        for name in ("ag_gemm", "gemm_rs", "gemm_rs_push"):
+            program = tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
             if name.startswith("ag_gemm"):
                 args = (torch.randn(M // world, K, **bf16), torch.randn(K, N // world, **bf16),
                         torch.empty(M, N // world, **bf16))
@@ -53,14 +49,19 @@ def main():
             gpu = time_ms(lambda: program(*args, check=False))
             program.check()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(3):
+                for _ in range(5):
                     program(*args, check=False)
                 torch.cuda.synchronize()
+            kernels = {e.key[:24]: e.device_time_total / e.count / 1000 for e in prof.key_averages()
+                       if e.device_time_total > 0}
+            mine = f"rank {rank}: host {host:.0f} us, GPU {gpu:.3f} ms/call; " + ", ".join(
+                f"{k} {v:.3f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:4])
+            everyone = [None] * world
+            dist.all_gather_object(everyone, mine)
             if rank == 0:
-                print(f"{model} {name}: host {host:.0f} us/call, GPU {gpu:.3f} ms/call", flush=True)
-                table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=40)
-                print("\n".join("   " + line for line in table.splitlines()), flush=True)
-            dist.barrier()
+                print(f"{model} {name}:", flush=True)
+                for line in everyone:
+                    print("   " + line, flush=True)
     heap.close()
     dist.destroy_process_group()
 

@@ -185,7 +185,9 @@ def plan_family(schedule, family: ir.Family, consts, waited, cross_rank) -> Fami
         i, j = names[0], names[1]
         plan.order_keys = plan.order_keys[:len(family.order)] + [f"{i} // {GROUP_M}", j, i]
         plan.ordered = True
-        plan.flatten = all(not w.loops for w in plan.waits)
+        # Flattening lets the pipeliner issue the next tile's TMA loads before that tile's wait: only
+        # a product that waits on nothing may be flattened (seen on H200: stale rows of A_all otherwise).
+        plan.flatten = not plan.waits
     if plan.engine == "copy_engine" and plan.waits:
         raise LoweringError(f"chunk '{family.name}' on the copy engine waits on other families; "
                             "only SM and nvshmem chunks can wait for now")
@@ -252,8 +254,8 @@ def decode_lines(family: ir.Family) -> list[str]:
     return list(reversed(lines))
 
 
-BLOCK_1D = 2048          # elements per step of a 1-D chunk copy
-BLOCK_2D = (32, 256)     # rows x columns per step of a 2-D chunk copy: 16 KB of bf16 in flight
+BLOCK_1D = 8192          # elements per step of a 1-D chunk copy
+BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of bf16 in flight
 
 
 def plan_copy(schedule: ir.Schedule, family: ir.Family) -> dict:
