@@ -47,7 +47,7 @@ def main() -> int:
     only = os.environ.get("BENCH_ONLY", "ag_gemm,gemm_rs").split(",")
     # variants of each operation; the table reports the best and every variant's time is kept
     ag_variants = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap) for name in ("ag_gemm", "ag_gemm_push")}
-    rs_variants = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap) for name in ("gemm_rs", "gemm_rs_push")}
+    rs_variants = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap) for name in ("gemm_rs", "gemm_rs_pull")}
     ag = ag_variants if "ag_gemm" in only else None
     rs = rs_variants if "gemm_rs" in only else None
     rows = []

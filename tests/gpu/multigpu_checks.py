@@ -108,8 +108,9 @@ def main() -> int:
         record(f"ag_gemm nvshmem M={M} K={K} N={N}",
                ag_gemm_check(PROGRAMS / "ag_gemm_push.tds", rank, world, heap, M, K, N))
         record(f"gemm_rs sms M={M} K={K * world} N={N}", gemm_rs_check(rank, world, heap, M, K * world, N))
-        record(f"gemm_rs_push sms M={M} K={K * world} N={N}",
-               gemm_rs_check(rank, world, heap, M, K * world, N, "gemm_rs_push"))
+        for variant in ("gemm_rs_push", "gemm_rs_pull"):
+            record(f"{variant} sms M={M} K={K * world} N={N}",
+                   gemm_rs_check(rank, world, heap, M, K * world, N, variant))
 
     def all_reduce(x):
         y = x.float().clone()
