@@ -141,6 +141,11 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
     for name in order:
         family = schedule.families[name]
         families.append(plan_family(schedule, family, consts, waited, cross_rank))
+    if any(f.kind == "chunk" and f.engine != "copy_engine" for f in families):
+        # With a chunk's copy loop in the same kernel, Triton 3.6-3.9 stop pipelining a flattened
+        # product (one shared-memory stage in gemm_ar and gemm_rs_push): keep those unflattened.
+        for f in families:
+            f.flatten = False
     peers = {r.tensor for f in schedule.families.values() for r in f.reads + f.writes if r.owner is not None}
     staged = set(schedule.staged_inputs())
     tensors = [TensorPlan(t.name, t.role.value, t.dtype, [code(s, kernel=False) for s in t.shape],
