@@ -1,0 +1,159 @@
+"""AllReduce and GEMM+AllReduce under torchrun: tiledsl one-shot, two-shot and auto (the launcher's
+choice) against NCCL and torch's symmetric-memory kernels; AllReduce latency from 8 KB to 1 MB and bus
+bandwidth (2 (world-1)/world bytes / time) from 1 MB to 256 MB, bf16; GEMM+AllReduce at decode shapes
+(M of 1 to 128, N = K = 8192, K sharded over the ranks) against cuBLAS + NCCL. Every rank times; the
+slowest rank's median is reported. The one-shot/two-shot crossover printed last is what
+tiledsl.collectives.DEFAULT_THRESHOLD_BYTES should be set from."""
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import save, time_ms  # noqa: E402
+
+import tiledsl  # noqa: E402
+from tiledsl.collectives import AllReduce  # noqa: E402
+from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+LATENCY_BYTES = [8 << 10 << n for n in range(8)]       # 8 KB .. 1 MB
+BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
+GEMM_M = (1, 8, 32, 64, 128)
+GEMM_NK = 8192
+NAN = float("nan")
+
+
+def slowest(value: float) -> float:
+    t = torch.tensor([value], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+_reported = set()
+
+
+def optional(name, fn):
+    """A baseline this torch may lack: NaN and one line saying why, instead of a crash."""
+    try:
+        return fn()
+    except Exception as error:  # noqa: BLE001 - a missing baseline is reported, not fatal
+        if dist.get_rank() == 0 and name not in _reported:
+            _reported.add(name)
+            print(f"  {name}: unavailable ({type(error).__name__}: {str(error)[:160]})", flush=True)
+        return NAN
+
+
+def symm_mem_input(numel, group):
+    """A bf16 input in torch's symmetric memory, which torch.ops.symm_mem's all-reduces need."""
+    from torch.distributed import _symmetric_memory as symm_mem
+    x = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
+    symm_mem.rendezvous(x, group)
+    return x.zero_()
+
+
+def allreduce_row(allreduce, numel, world, group, reps):
+    # zeros: the timed calls sum in place again and again, and sums of zeros stay finite
+    x = torch.zeros(numel, device="cuda", dtype=torch.bfloat16)
+    row = {"op": "allreduce", "world": world, "bytes": numel * x.element_size(), "auto_algorithm": allreduce.choose(x)}
+    for algorithm in ("one_shot", "two_shot", None):
+        allreduce(x, algorithm=algorithm)  # checked call: compiles and proves the schedule before timing
+        call = lambda algorithm=algorithm: allreduce(x, algorithm=algorithm, check=False)  # noqa: E731
+        row[algorithm or "auto"] = slowest(time_ms(call, reps=reps))
+        allreduce.check()
+    row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps))
+    symm = optional("symm_mem.empty + rendezvous", lambda: symm_mem_input(numel, group))
+    ops = {"symm_mem_one_shot": lambda: torch.ops.symm_mem.one_shot_all_reduce(symm, "sum", group),
+           "symm_mem_two_shot": lambda: torch.ops.symm_mem.two_shot_all_reduce_(symm, "sum", group)}
+    for key, op in ops.items():
+        mine = NAN if not isinstance(symm, torch.Tensor) else optional(key, lambda op=op: time_ms(op, reps=reps))
+        row[key] = slowest(mine)
+    return row
+
+
+def crossover(rows) -> int | None:
+    """The smallest size from which two-shot is at least as fast as one-shot at every larger size."""
+    found = None
+    for row in sorted(rows, key=lambda r: r["bytes"]):
+        if row["two_shot"] <= row["one_shot"]:
+            found = found or row["bytes"]
+        else:
+            found = None
+    return found
+
+
+def gemm_ar_row(program, M, world):
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    A = torch.randn(M, GEMM_NK // world, **bf16)
+    B = torch.randn(GEMM_NK // world, GEMM_NK, **bf16)
+    C = torch.empty(M, GEMM_NK, **bf16)
+    program(A, B, C)
+    row = {"op": "gemm_ar", "world": world, "M": M, "N": GEMM_NK, "K": GEMM_NK}
+    row["tiledsl"] = slowest(time_ms(lambda: program(A, B, C, check=False)))
+    program.check()
+    row["gemm"] = slowest(time_ms(lambda: torch.matmul(A, B, out=C)))
+    row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(C)))
+
+    def sequential():
+        torch.matmul(A, B, out=C)
+        dist.all_reduce(C)
+    row["sequential"] = slowest(time_ms(sequential))
+    return row
+
+
+def main() -> int:
+    disable_multicast()
+    # staging buffers are world times the message, per size: more than NVSHMEM's 1 GiB default heap
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(16 << 30))
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    heap = open_heap()
+    group = dist.group.WORLD.group_name
+    try:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(group)
+    except Exception:  # noqa: BLE001 - older torch: the symm_mem baselines report themselves unavailable
+        pass
+    allreduce = AllReduce(heap)
+    rows = []
+    if rank == 0:
+        print(f"world {world}; auto threshold {allreduce.threshold_bytes} bytes; times in ms, busbw in GB/s",
+              flush=True)
+    for nbytes in sorted(set(LATENCY_BYTES + BANDWIDTH_BYTES)):
+        numel = nbytes // 2
+        row = allreduce_row(allreduce, numel, world, group, reps=30 if nbytes <= 16 << 20 else 10)
+        factor = 2 * (world - 1) / world * nbytes / 1e6  # bytes per ms -> GB/s
+        row["busbw"] = {k: factor / row[k] for k in ("one_shot", "two_shot", "auto", "nccl",
+                                                      "symm_mem_one_shot", "symm_mem_two_shot")}
+        rows.append(row)
+        if rank == 0:
+            kind = "latency" if nbytes in LATENCY_BYTES else "busbw"
+            cells = ", ".join(f"{k} {row[k]:.4f}" + (f" ({row['busbw'][k]:.0f} GB/s)" if kind == "busbw" else "")
+                              for k in ("one_shot", "two_shot", "auto", "nccl", "symm_mem_one_shot",
+                                        "symm_mem_two_shot"))
+            print(f"allreduce {nbytes:>10} B [{row['auto_algorithm']}]: {cells} ms", flush=True)
+    threshold = crossover(rows)
+    gemm_ar = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap)
+    for M in GEMM_M:
+        row = gemm_ar_row(gemm_ar, M, world)
+        rows.append(row)
+        if rank == 0:
+            print(f"gemm_ar M={M:<4} N=K={GEMM_NK} world {world}: tiledsl {row['tiledsl']:.4f} ms, "
+                  f"sequential {row['sequential']:.4f}, gemm {row['gemm']:.4f}, nccl {row['nccl']:.4f}", flush=True)
+    if rank == 0:
+        print(f"one-shot/two-shot crossover: {threshold} bytes (DEFAULT_THRESHOLD_BYTES is "
+              f"{allreduce.threshold_bytes})", flush=True)
+        save(f"collectives_world{world}", {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                           "threshold_bytes": allreduce.threshold_bytes, "crossover_bytes": threshold,
+                                           "rows": rows})
+    dist.barrier()
+    heap.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

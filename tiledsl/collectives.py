@@ -1,0 +1,65 @@
+"""Collectives built from the programs in `programs/`, with the launch-time choices they need.
+
+`AllReduce` picks one-shot (`allreduce.tds`: every rank sends all of X to every rank, one step, the
+lowest latency) below a message size and two-shot (`allreduce_two_shot.tds`: reduce-scatter then
+all-gather, each rank sends 2 (world-1)/world of X, the most bandwidth) above it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import tiledsl
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+ALGORITHMS = {"one_shot": PROGRAMS / "allreduce.tds", "two_shot": PROGRAMS / "allreduce_two_shot.tds"}
+# Bytes from which two-shot is used. Provisional: one-shot sends (world-1) times the message and wins
+# while latency dominates; the crossover is to be measured on H200s with bench/bench_collectives.py
+# (its `auto` column and the one-shot/two-shot columns) and this constant set from it.
+DEFAULT_THRESHOLD_BYTES = 512 * 1024
+DECLARED_DTYPE = torch.bfloat16  # the dtype the programs declare; others run through dtype_override
+
+
+class AllReduce:
+    """Sum a tensor over the ranks of `heap`, in place: `AllReduce(heap)(x)` returns x.
+
+    The algorithm is chosen by message size (`threshold_bytes`), or forced per call with
+    `algorithm="one_shot" | "two_shot"`; the choice made is kept in `last_algorithm`. Each program is
+    compiled on first use, once per dtype (bf16 as declared; fp32 and others by dtype override).
+    `options` go to `tiledsl.compile` (`emulated=True`, `wait_timeout_s=...`, consts such as BLOCK)."""
+
+    def __init__(self, heap, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, **options):
+        self.heap = heap
+        self.threshold_bytes = threshold_bytes
+        self.options = options
+        self.last_algorithm: str | None = None
+        self._programs: dict[tuple[str, torch.dtype], object] = {}
+
+    def choose(self, x: torch.Tensor) -> str:
+        """The algorithm a call on x uses when none is given."""
+        return "one_shot" if x.numel() * x.element_size() < self.threshold_bytes else "two_shot"
+
+    def program(self, algorithm: str, dtype: torch.dtype = DECLARED_DTYPE):
+        """The compiled program for one algorithm and dtype (compiled on first use)."""
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+        key = (algorithm, dtype)
+        if key not in self._programs:
+            override = {} if dtype == DECLARED_DTYPE else {str(DECLARED_DTYPE).removeprefix("torch."): dtype}
+            self._programs[key] = tiledsl.compile(ALGORITHMS[algorithm], self.heap, dtype_override=override,
+                                                  **self.options)
+        return self._programs[key]
+
+    def __call__(self, x: torch.Tensor, algorithm: str | None = None, check: bool = True) -> torch.Tensor:
+        if not x.is_contiguous():
+            raise ValueError("AllReduce works in place on a contiguous tensor (call .contiguous() first)")
+        algorithm = self.choose(x) if algorithm is None else algorithm
+        program = self.program(algorithm, x.dtype)
+        self.last_algorithm = algorithm
+        program(x.view(-1), check=check)
+        return x
+
+    def check(self) -> None:
+        """Raise ScheduleTimeout if a call made with check=False gave up waiting."""
+        for program in self._programs.values():
+            program.check()
