@@ -32,10 +32,10 @@ for stage in $stages; do
       for w in $worlds; do run "overlap_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_overlap.py; done ;;
     collectives)
       if [ -f tests/gpu/collectives_checks.py ]; then
-        for w in $worlds; do run "collectives_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/collectives_checks.py; done
+        for w in ${COLLECTIVE_WORLDS:-$worlds}; do run "collectives_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/collectives_checks.py; done
       fi
       if [ -f bench/bench_collectives.py ]; then
-        for w in $worlds; do run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py; done
+        for w in ${COLLECTIVE_WORLDS:-$worlds}; do run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py; done
       fi ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     variants) run gemm_variants 200 python3 bench/experiments/gemm_variants.py ;;
