@@ -16,24 +16,19 @@ SHAPES = {  # model: (N, K) of its MLP projection, as in Triton-distributed's an
 M = 8192
 
 
-def time_ms(fn, warmup: int = 5, reps: int = 30, before=None) -> float:
-    """Median of `reps` CUDA-event timings of fn(); `before` (untimed) runs ahead of each one."""
+def time_ms(fn, warmup: int = 5, reps: int = 30) -> float:
+    """Median of `reps` CUDA-event timings of fn(), run back to back as a training step would run
+    them (no synchronisation between runs, so host work overlaps the previous run's GPU work)."""
     for _ in range(warmup):
-        if before:
-            before()
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if before:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def out_dir() -> Path:
