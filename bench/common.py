@@ -16,19 +16,24 @@ SHAPES = {  # model: (N, K) of its MLP projection, as in Triton-distributed's an
 M = 8192
 
 
-def time_ms(fn, warmup: int = 5, reps: int = 30) -> float:
-    """Median of `reps` CUDA-event timings of fn(), run back to back as a training step would run
-    them (no synchronisation between runs, so host work overlaps the previous run's GPU work)."""
+def time_ms(fn, warmup: int = 5, reps: int = 30, before=None) -> float:
+    """Median of `reps` CUDA-event timings of fn(); `before` (untimed) runs ahead of each one."""
     for _ in range(warmup):
+        if before:
+            before()
         fn()
     torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
+    times = []
+    for _ in range(reps):
+        if before:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def out_dir() -> Path:
