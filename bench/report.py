@@ -32,6 +32,24 @@ def gemm_table(rows):
     return "\n".join(lines)
 
 
+def collectives_tables(data):
+    rows = data["rows"]
+    lines = ["| AllReduce bytes | tiledsl one-shot | two-shot | auto (choice) | NCCL | symm_mem one-shot | symm_mem two-shot |",
+             "|---|---|---|---|---|---|---|"]
+    for r in (r for r in rows if r["op"] == "allreduce"):
+        size = f"{r['bytes'] // 1024} KB" if r["bytes"] < 2**20 else f"{r['bytes'] // 2**20} MB"
+        bw = r["bytes"] >= 2**20
+        cell = (lambda k: f"{r[k]:.3f} ms" + (f" ({r['busbw'][k]:.0f} GB/s)" if bw else "")) 
+        lines.append(f"| {size} | {cell('one_shot')} | {cell('two_shot')} | {cell('auto')} ({r['auto_algorithm']}) | "
+                     f"{cell('nccl')} | {cell('symm_mem_one_shot')} | {cell('symm_mem_two_shot')} |")
+    gemm = [r for r in rows if r["op"] == "gemm_ar"]
+    if gemm:
+        lines += ["", "| GEMM+AllReduce M (N = K = 8192) | tiledsl | matmul + NCCL all_reduce | speed-up |", "|---|---|---|---|"]
+        for r in gemm:
+            lines.append(f"| {r['M']} | {r['tiledsl']:.3f} | {r['sequential']:.3f} | {r['sequential'] / r['tiledsl']:.2f}x |")
+    return "\n".join(lines)
+
+
 def plot(folder, worlds):
     import matplotlib
     matplotlib.use("Agg")
@@ -74,6 +92,11 @@ def main(folder):
     if gemm.exists():
         out += ["", "## GEMM tile alone (communication off) vs cuBLAS, one H200", "",
                 gemm_table(json.loads(gemm.read_text())["rows"])]
+    for w in (4, 2, 8):
+        path = folder / f"collectives_world{w}.json"
+        if path.exists():
+            out += ["", f"## Collectives, world {w} (times in ms; bus bandwidth from 1 MB)", "",
+                    collectives_tables(json.loads(path.read_text()))]
     (folder / "RESULTS.md").write_text("\n".join(out) + "\n")
     if worlds:
         plot(folder, worlds)
