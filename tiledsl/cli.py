@@ -13,7 +13,8 @@ from pathlib import Path
 
 import tiledsl
 from tiledsl import pipeline
-from tiledsl.diagnostics import TdsError
+from tiledsl.diagnostics import TdsError, error
+from tiledsl.grammar.ast import Span
 
 OK, ERRORS, UNAVAILABLE, INTERNAL = 0, 1, 2, 3
 GRAPH_FORMATS = (".png", ".svg", ".dot")
@@ -39,11 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 # ---- commands ----------------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    worst = OK
-    for path in args.files:
-        code = _guarded(path, lambda: _check_one(path))
-        worst = max(worst, code)
-    return worst
+    return max(_guarded(path, _check_one, path) for path in args.files)
 
 
 def _check_one(path: str) -> int:
@@ -70,15 +67,23 @@ def _build(args) -> int:
     if out == "-":
         sys.stdout.write(done.module)
     else:
-        Path(out).write_text(done.module)
+        _write(out, args.file, lambda: Path(out).write_text(done.module))
         print(f"{args.file}: wrote {out}", file=sys.stderr)
     if args.arch:
         try:
             from tiledsl.codegen.aot import compile_report
         except ImportError as exc:
             raise Unavailable("ahead-of-time compilation (--arch) is not available in this build") from exc
-        print(compile_report(done.plan if out == "-" else out, args.arch))
+        print(compile_report(Path(args.file), args.arch, dict(args.define)))
     return OK
+
+
+def _write(out: str, source: str, write):
+    """Run `write`; a file that cannot be written is the user's problem (exit 1), not a compiler bug."""
+    try:
+        return write()
+    except OSError as exc:
+        raise TdsError([error(f"cannot write {out}: {exc.strerror or exc}", Span.none())], source) from None
 
 
 def _default_output(path: str) -> Path:
@@ -94,7 +99,7 @@ def cmd_graph(args) -> int:
     def draw() -> int:
         from tiledsl.graph import draw as draw_graph
         done = pipeline.run(Path(args.file), until="schedule")
-        how = draw_graph(done.schedule, args.output)
+        how = _write(args.output, args.file, lambda: draw_graph(done.schedule, args.output))
         print(f"{args.file}: wrote {args.output} ({how})", file=sys.stderr)
         return OK
 
@@ -114,10 +119,10 @@ def cmd_run(args) -> int:
 
 # ---- errors: diagnostics, missing parts, bugs ----------------------------------------------------
 
-def _guarded(path: str, action) -> int:
+def _guarded(path: str, action, *args) -> int:
     """Run one command on one file, turning every failure into a message and an exit code."""
     try:
-        return action()
+        return action(*args)
     except TdsError as exc:
         print(exc.render(), file=sys.stderr)
         return ERRORS
@@ -186,10 +191,15 @@ def _assignment(text: str) -> tuple[str, int]:
     name, eq, value = text.partition("=")
     if not eq or not _NAME.match(name):
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got '{text}'")
-    try:
-        return name, int(value, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{name}: '{value}' is not an integer") from None
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{name}: '{value}' is not a nonnegative integer")
+    return name, int(value)
+
+
+def _size(text: str) -> str:
+    """NAME=VALUE for `run --size`, checked here and handed on as written."""
+    _assignment(text)
+    return text
 
 
 def _positive(text: str) -> int:
@@ -237,9 +247,10 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a program on GPUs, or emulated on the CPU",
                               description="Run FILE on random inputs and compare with torch.distributed.")
     run.add_argument("file", metavar="FILE", help="a .tds program")
-    run.add_argument("--world", type=_positive, default=None, metavar="N", help="number of ranks")
-    run.add_argument("--size", metavar="NAME=VALUE", type=_assignment, action="append", default=[],
-                     help="a param size (repeatable)")
+    run.add_argument("--world", type=_positive, default=2, metavar="N",
+                     help="number of emulated ranks (default 2; under torchrun, its WORLD_SIZE)")
+    run.add_argument("--size", metavar="NAME=VALUE", type=_size, action="append", default=[],
+                     help="a param size (repeatable); the others get small defaults")
     run.add_argument("--emulate", action="store_true", help="run the ranks in Triton's interpreter on the CPU")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.set_defaults(handler=cmd_run)

@@ -66,8 +66,8 @@ def to_dot(schedule: ir.Schedule) -> str:
     nodes, links = graph_of(schedule)
     shapes = {"tile": "box", "chunk": "ellipse", "tensor": "note", "symm": "note"}
     out = [f"digraph {_quote(schedule.name)} {{",
-           f"  graph [rankdir=LR, fontname=Helvetica, labelloc=t, label={_quote('program ' + schedule.name)}, "
-           "nodesep=0.35, ranksep=0.6];",
+           (f"  graph [rankdir=LR, fontname=Helvetica, labelloc=t, label={_quote('program ' + schedule.name)}, "
+            "nodesep=0.35, ranksep=0.6];"),
            "  node [fontname=Helvetica, fontsize=11, style=filled];",
            "  edge [fontname=Helvetica, fontsize=10];"]
     for node in nodes:
@@ -210,47 +210,47 @@ class _Box:
     y: float = 0.0
 
 
-def _chains(nodes: list[Node], links: list[Link]):
-    """Each link as the left-to-right chain of boxes it passes (labels and bends included), and whether
-    it was turned around to break a cycle (a write back into an `inout` tensor, a deadlock)."""
-    import networkx as nx
-
-    rank = {n.id: k for k, n in enumerate(nodes)}
-    graph = nx.MultiDiGraph()
-    graph.add_nodes_from(rank)
+def _chains(nodes: list[Node], links: list[Link]) -> list[list[str]]:
+    """Each link as the left-to-right chain of boxes it passes (its label included), turned around where
+    that breaks a cycle (a write back into an `inout` tensor, a deadlock): the drawing then points the
+    arrow at the chain's start."""
+    order = {n.id: k for k, n in enumerate(nodes)}
+    outgoing: dict[str, list[int]] = {n: [] for n in order}
     for k, link in enumerate(links):
-        graph.add_edge(link.source, link.target, key=k)
-    backwards = set()
-    # A DFS that reverses every edge into a node still on the stack leaves an acyclic graph.
-    state: dict[str, int] = {}
-    for root in sorted(rank, key=lambda n: (graph.in_degree(n) > 0, rank[n])):
+        outgoing[link.source].append(k)
+    has_input = {link.target for link in links}
+    # A DFS that turns around every link into a node still on its stack leaves no cycle; starting from
+    # inputs makes the turned links the ones that go "back", such as writes into an `inout` tensor.
+    backwards, state = set(), {}
+    for root in sorted(order, key=lambda n: (n in has_input, order[n])):
         if root in state:
             continue
-        state[root] = 1
-        stack = [(root, iter(sorted(graph.out_edges(root, keys=True), key=lambda e: e[2])))]
+        state[root] = "open"
+        stack = [(root, iter(outgoing[root]))]
         while stack:
-            node, edges = stack[-1]
-            for _, target, k in edges:
-                if state.get(target) == 1:
+            node, pending = stack[-1]
+            for k in pending:
+                target = links[k].target
+                if state.get(target) == "open":
                     backwards.add(k)
                 elif target not in state:
-                    state[target] = 1
-                    stack.append((target, iter(sorted(graph.out_edges(target, keys=True), key=lambda e: e[2]))))
+                    state[target] = "open"
+                    stack.append((target, iter(outgoing[target])))
                     break
             else:
-                state[node] = 2
+                state[node] = "done"
                 stack.pop()
     chains = []
     for k, link in enumerate(links):
         chain = [link.source, f"label:{k}", link.target] if link.label else [link.source, link.target]
         chains.append(chain[::-1] if k in backwards else chain)
-    return chains, backwards
+    return chains
 
 
 def _layout(nodes: list[Node], links: list[Link], measure) -> tuple[dict[str, _Box], list[list[str]]]:
     import networkx as nx
 
-    chains, backwards = _chains(nodes, links)
+    chains = _chains(nodes, links)
     by_id = {n.id: n for n in nodes}
     for k, link in enumerate(links):
         if link.label:
@@ -421,7 +421,7 @@ def _draw_box(ax, box: _Box) -> None:
                              lw=1.0, zorder=3))
     elif kind == "label":
         ax.add_patch(FancyBboxPatch((left, bottom), w, h, boxstyle="round,pad=0,rounding_size=5",
-                                    facecolor="white", edgecolor=SYNC_COLOR, lw=0.6, alpha=0.95, zorder=4))
+                                    facecolor="white", edgecolor=SYNC_COLOR, lw=0.6, zorder=4))
     else:
         ax.add_patch(FancyBboxPatch((left, bottom), w, h, boxstyle="round,pad=0,rounding_size=4",
                                     facecolor=FILL[kind], edgecolor=BORDER[kind], lw=1.3, zorder=3))

@@ -17,6 +17,8 @@ from tiledsl.grammar import ast
 MAX_SOURCE_BYTES = 16 * 1024 * 1024
 MAX_NESTING = 64  # brackets deeper than this are refused before they reach recursion
 MAX_OPERATORS = 4 * MAX_NESTING  # operators and brackets in one statement: each may deepen the tree
+MAX_NAME = 255  # longer names serve no program, only slow down the search for a close match
+MAX_TOKENS = 100_000  # words and symbols in one file: a hundred times the largest real program
 
 STATEMENTS = ("program", "param", "const", "tune", "let", "in", "out", "inout", "symm", "local",
               "chunk", "tile", "order", "place")
@@ -52,7 +54,7 @@ def parse(source: str | bytes, path: str = "<tds>") -> ast.Program:
                               ast.Span.none())], shown)
     text = _decode(source, path)
     _refuse_control_characters(text, path)
-    _refuse_deep_nesting(text, path)
+    _refuse_oversized(text, path)
     try:
         tree = _lark().parse(text)
     except lark.exceptions.UnexpectedInput as exc:
@@ -102,33 +104,40 @@ def _refuse_control_characters(text: str, path: str) -> None:
                           hint="save the file with \\n or \\r\\n line ends" if char == "\r" else None)], path, text)
 
 
-def _refuse_deep_nesting(text: str, path: str) -> None:
-    """Later stages walk expressions recursively; bounds here keep them from ever hitting Python's
-    recursion limit, whatever the input (deep brackets, long operator chains, `X[0][0]...`). A
-    statement continued with '\' is counted as one line."""
-    depth = operators = 0
+def _refuse_oversized(text: str, path: str) -> None:
+    """Later stages walk expressions recursively: bounds on nesting and on operators per statement keep
+    them from ever hitting Python's recursion limit, whatever the input (deep brackets, long operator
+    chains, `X[0][0]...`); a bound on words and symbols per file keeps the time to refuse a huge input
+    short. A statement continued with '\\' is counted as one line."""
+    depth = operators = tokens = 0
     for number, line in enumerate(text.split("\n"), 1):
         code = line.split("#", 1)[0]
-        for match in _NESTING.finditer(code):
+        for match in _TOKENS.finditer(code):
             token, col = match.group(), match.start() + 1
+            span = ast.Span(number, col, number, col + min(len(token), 100))
+            tokens += 1
+            if tokens > MAX_TOKENS:
+                raise TdsError([error(f"the program has more than {MAX_TOKENS} words and symbols", span)],
+                               path, text)
             if token in ")]":
                 depth = max(0, depth - 1)
-                continue
-            operators += 1
-            if token in "([":
-                depth += 1
+            elif token in "([" or token in _OPERATORS:
+                operators += 1
+                depth += token in "(["
                 if depth > MAX_NESTING:
-                    raise TdsError([error(f"brackets nested deeper than {MAX_NESTING} levels",
-                                          ast.Span(number, col, number, col + 1))], path, text)
-            if operators > MAX_OPERATORS:
-                raise TdsError([error(f"statement has more than {MAX_OPERATORS} operators and brackets",
-                                      ast.Span(number, col, number, col + len(token)),
-                                      hint="split it with `let` sizes")], path, text)
+                    raise TdsError([error(f"brackets nested deeper than {MAX_NESTING} levels", span)], path, text)
+                if operators > MAX_OPERATORS:
+                    raise TdsError([error(f"statement has more than {MAX_OPERATORS} operators and brackets", span,
+                                          hint="split it with `let` sizes")], path, text)
         if not code.rstrip(" \t\f\r").endswith("\\"):
             depth = operators = 0
 
 
-_NESTING = re.compile(r"[()\[\]]|[-+*/%@]|\bmod\b")
+_TOKENS = re.compile(r"[()\[\]]|[-+*/%@]|\bmod\b|[A-Za-z0-9_.]+|[^\s()\[\]\-+*/%@A-Za-z0-9_.]")
+_OPERATORS = {"+", "-", "*", "/", "%", "@", "mod"}
+_DOUBLED = {"==": "a tile body assigns with one '='", "//": "'/' floors on indices (and must divide on sizes)",
+            "**": "write the product out, or use a `let` size"}
+_AT_RANK = re.compile(r"\]\s*@\s*(\w+|\([^()]*\))\s*$")
 _WORD = re.compile(r"[ \t\f]*([A-Za-z_][A-Za-z0-9_]*)")
 # Statement words that cannot appear inside a statement (`in` can: `i in M`).
 _STATEMENT_TOKENS = {w.upper(): w for w in STATEMENTS if w != "in"}
@@ -149,7 +158,8 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
     span = ast.Span(line, col, line, col + max(1, len(str(token))))
     first, first_line, first_col = _statement_word(lines, line)
     if "PROGRAM" in expected:
-        guess = difflib.get_close_matches(first or "", ["program"], n=1)
+        guess = [] if first in STATEMENTS or len(first or "") > MAX_NAME else \
+            difflib.get_close_matches(first or "", ["program"], n=1)
         return error("a .tds file starts with `program NAME`", span,
                      hint="did you mean 'program'?" if guess else "program my_kernel")
     if first and first not in STATEMENTS and first != "program":
@@ -159,6 +169,14 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
             return _unknown_statement(first, ast.Span(first_line, first_col, first_line, first_col + len(first)))
     if token.type in _STATEMENT_TOKENS:
         return error(f"'{token}' starts a new statement: write one statement per line", span)
+    if "COLON" in expected and not {"RSQB", "RPAR", "COMMA"} & set(expected):
+        if first in ("tile", "chunk"):
+            return error(f"expected ':' before the body of the {first}", span,
+                         hint="tile mm[i in M/BM]: C[i*BM : +BM] = ..." if first == "tile" else
+                         "chunk gather[s in world] on copy_engine: A@s -> A_all[s*Ms : +Ms, :]")
+        if first in ("in", "out", "inout", "symm", "local"):
+            return error("expected ':' between the tensor's name and its type", span,
+                         hint=f"{first} X : bf16[M, N]")
     if token.type == "_NL":
         opened = _unclosed_bracket(_logical_line(lines, first_line, line))
         if opened:
@@ -169,23 +187,21 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
                          hint="a statement ends at the end of its line; use '\\' to continue it")
         return error(f"the line ends too early: expected {_expected(expected)}", span)
     if token.type in ("RPAR", "RSQB"):
-        opened = _unclosed_bracket(line_text[: col - 1])
+        opened = _unclosed_bracket("\n".join(lines[first_line - 1: line - 1] + [line_text[: col - 1]]))
         if opened is None:
             return error(f"'{token}' closes nothing: no bracket is open here", span)
         if opened[0] + str(token) not in ("()", "[]"):
-            return error(f"'{token}' does not match the '{opened[0]}' opened at column {opened[1]}", span)
+            where = _position(lines, first_line, opened[1])
+            at = f"column {where[1]}" if where[0] == line else f"{where[0]}:{where[1]}"
+            return error(f"'{token}' does not match the '{opened[0]}' opened at {at}", span)
     if token.type in ("MATMUL", "PEER") and "AFTER" in expected:
         return error("an edge reads `consumer[i, j] after producer[...]`; '@' comes after the producer", span)
-    if token.type == "EQUAL" and line_text[col - 2: col - 1] == "=":
-        return error("'==' is not an operator: a tile body assigns with one '='", span)
-    if "COLON" in expected and not {"RSQB", "RPAR", "COMMA"} & set(expected):
-        if first in ("tile", "chunk"):
-            return error(f"expected ':' before the body of the {first}", span,
-                         hint="tile mm[i in M/BM]: C[i*BM : +BM] = ..." if first == "tile" else
-                         "chunk gather[s in world] on copy_engine: A@s -> A_all[s*Ms : +Ms, :]")
-        if first in ("in", "out", "inout", "symm", "local"):
-            return error("expected ':' between the tensor's name and its type", span,
-                         hint=f"{first} X : bf16[M, N]")
+    if str(token) in _OPERATORS and "_NL" in expected and _AT_RANK.search(line_text[: col - 1]):
+        return error("the rank after '@' is a name, a number or an expression in brackets", span,
+                     hint="red[i] after mm[i] @ ((rank + 1) mod world)")
+    doubled = line_text[col - 2: col] if col >= 2 else ""
+    if doubled in _DOUBLED:
+        return error(f"'{doubled}' is not an operator: {_DOUBLED[doubled]}", ast.Span(line, col - 1, line, col + 1))
     if "_ARROW" in expected and first == "chunk":
         return error("expected '->' between what the chunk copies and where it copies to", span,
                      hint="chunk gather[s in world] on copy_engine: A@s -> A_all[s*Ms : +Ms, :]")
@@ -196,7 +212,7 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
     hint = None
     if token.type == "NAME":
         words = [_terminal(t) for t in expected if _terminal(t).strip("'").isalpha()]
-        guess = difflib.get_close_matches(f"'{token}'", words, n=1)
+        guess = difflib.get_close_matches(f"'{token}'", words, n=1) if len(token) <= MAX_NAME else []
         hint = f"did you mean {guess[0]}?" if guess else None
     return error(f"unexpected {_describe(token)}: expected {_expected(expected)}", span, hint=hint)
 
@@ -246,7 +262,8 @@ def _position(lines: list[str], first: int, offset: int) -> tuple[int, int]:
 
 
 def _unknown_statement(word: str, span: ast.Span) -> Diagnostic:
-    guess = difflib.get_close_matches(word, STATEMENTS + ("after",), n=1)
+    guess = difflib.get_close_matches(word, STATEMENTS + ("after",), n=1) if len(word) <= MAX_NAME else []
+    word = word if len(word) <= 40 else word[:20] + "..."
     hint = f"did you mean '{guess[0]}'?" if guess else "statements start with one of: " + ", ".join(STATEMENTS)
     return error(f"unknown statement '{word}'", span, hint=hint)
 
@@ -264,10 +281,11 @@ def _unclosed_bracket(line: str) -> tuple[str, int] | None:
 
 
 def _describe(token: Token) -> str:
+    text = str(token) if len(token) <= 40 else token[:20] + "..."
     if token.type == "NAME":
-        return f"name '{token}'"
+        return f"name '{text}'"
     if token.type == "NUMBER":
-        return f"number {token}"
+        return f"number {text}"
     if token.type == "_NL":
         return "end of line"
     return f"'{token}'"
@@ -330,6 +348,9 @@ class _Builder(Transformer):
         self.source = source
 
     def NAME(self, token):  # noqa: N802 - lark calls terminal callbacks by terminal name
+        if len(token) > MAX_NAME:
+            raise TdsError([error(f"name '{token[:20]}...' is longer than {MAX_NAME} characters",
+                                  ast.Span(token.line, token.column, token.line, token.column + 20))])
         return token
 
     def _name(self, token: Token, declared: bool = False) -> ast.Name:

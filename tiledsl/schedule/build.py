@@ -13,6 +13,7 @@ from tiledsl.schedule import ir
 from tiledsl.schedule.values import ValueBuilder
 
 BUILTIN_SIZES = {"world": ir.WORLD}
+MAX_ERRORS = 50
 
 
 class _Scope:
@@ -22,7 +23,7 @@ class _Scope:
         self.sizes = sizes
         self.indices = dict(indices or {})
 
-    def child(self, **indices: sympy.Symbol) -> "_Scope":
+    def child(self, /, **indices: sympy.Symbol) -> "_Scope":  # `/`: an index may be named `self`
         return _Scope(self.sizes, {**self.indices, **indices})
 
     def lookup(self, name: str) -> sympy.Expr | None:
@@ -38,6 +39,7 @@ class Builder:
     def __init__(self, program: ast.Program):
         self.program = program
         self.diagnostics: list[Diagnostic] = []
+        self.failures = 0
         self.conditions: list[ir.Condition] = []
         self.declared: dict[str, ast.Span] = {}
         self.consts: dict[str, int] = {}
@@ -47,7 +49,9 @@ class Builder:
 
     # ---- diagnostics ----------------------------------------------------------------------------
     def fail(self, message: str, span: ast.Span, hint: str | None = None, notes=()) -> None:
-        self.diagnostics.append(error(message, span, hint, tuple(notes)))
+        self.failures += 1
+        if len(self.diagnostics) < MAX_ERRORS:  # past that, more errors are noise (and slow to render)
+            self.diagnostics.append(error(message, span, hint, tuple(notes)))
 
     def declare(self, name: ast.Name) -> bool:
         if name.id in self.declared:
@@ -245,12 +249,12 @@ class Builder:
         scope = base.child(**symbols)
         kind = ir.Kind.TILE if isinstance(decl, ast.TileDecl) else ir.Kind.CHUNK
         engine = self.engine(decl.engine, kind, scope)
-        before = len(self.diagnostics)
+        before = self.failures
         if kind is ir.Kind.CHUNK:
             family = values.chunk(decl, scope, space, engine)
         else:
             family = values.tile(decl, scope, space, engine)
-        if len(self.diagnostics) > before or engine is None:
+        if self.failures > before or engine is None:
             return None
         return family
 

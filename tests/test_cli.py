@@ -1,0 +1,291 @@
+"""The `tiledsl` command, run in-process: exit codes, what goes to stdout and stderr, and that bad input
+never prints a Python traceback."""
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import tiledsl
+from tiledsl import cli
+from tiledsl.diagnostics import warning
+from tiledsl.grammar.ast import Span
+
+ROOT = Path(__file__).parents[1]
+COPY = str(ROOT / "programs" / "copy.tds")
+AG_GEMM = str(ROOT / "programs" / "ag_gemm.tds")
+BROKEN = "program broken\nparam N\nin X : bf16[N]\nout Y : bf16[N]\ntile cp[i in N]: Y[i] = Z[i]\n"
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def codegen_available() -> bool:
+    return importlib.util.find_spec("tiledsl.codegen.render") is not None
+
+
+needs_codegen = pytest.mark.skipif(not codegen_available(), reason="tiledsl.codegen is not in this build yet")
+
+
+@pytest.fixture
+def broken(tmp_path):
+    path = tmp_path / "broken.tds"
+    path.write_text(BROKEN)
+    return str(path)
+
+
+# ---- check -----------------------------------------------------------------------------------------
+
+def test_check_prints_ok_for_each_clean_program(capsys):
+    programs = sorted(str(p) for p in (ROOT / "programs").glob("*.tds"))
+    code, out, err = run_cli(capsys, "check", *programs)
+    assert code == 0
+    assert out.splitlines() == [f"{p}: ok" for p in programs]
+
+
+def test_check_renders_errors_with_location_and_exits_1(capsys, broken):
+    code, out, err = run_cli(capsys, "check", broken)
+    assert code == 1
+    assert out == ""
+    assert err.startswith(f"{broken}:5:25: error: unknown name 'Z'\n")
+    assert "    tile cp[i in N]: Y[i] = Z[i]\n" in err and "^" in err
+
+
+def test_check_goes_on_after_a_bad_file(capsys, broken):
+    code, out, err = run_cli(capsys, "check", broken, COPY)
+    assert code == 1
+    assert out == f"{COPY}: ok\n"
+    assert "unknown name 'Z'" in err
+
+
+def test_check_of_a_missing_file(capsys, tmp_path):
+    missing = str(tmp_path / "absent.tds")
+    code, out, err = run_cli(capsys, "check", missing)
+    assert code == 1
+    assert err == f"{missing}: error: cannot read file: No such file or directory\n"
+
+
+def test_check_of_a_file_not_named_tds_reads_the_file(capsys, tmp_path):
+    path = tmp_path / "copy.txt"
+    path.write_text(Path(COPY).read_text())
+    code, out, _ = run_cli(capsys, "check", str(path))
+    assert (code, out) == (0, f"{path}: ok\n")
+
+
+def test_check_of_a_garbage_file(capsys, tmp_path):
+    path = tmp_path / "garbage.tds"
+    path.write_bytes(bytes(range(256)) * 4)
+    code, out, err = run_cli(capsys, "check", str(path))
+    assert code == 1
+    assert err == f"{path}:2:118: error: this file is not UTF-8 text (byte 0x80)\n"
+
+
+def test_check_prints_warnings_and_still_passes(capsys, monkeypatch):
+    import tiledsl.schedule.check as check_stage
+    monkeypatch.setattr(check_stage, "check", lambda schedule: [warning("an odd but legal order", Span(8, 1, 8, 5))])
+    code, out, err = run_cli(capsys, "check", COPY)
+    assert code == 0
+    assert out == f"{COPY}: ok\n"
+    assert err.startswith(f"{COPY}:8:1: warning: an odd but legal order\n")
+
+
+def test_a_compiler_bug_is_one_line_and_exit_3(capsys, monkeypatch):
+    import tiledsl.schedule as schedule
+
+    def broken_stage(program):
+        raise ZeroDivisionError("the bug")
+
+    monkeypatch.setattr(schedule, "build_schedule", broken_stage)
+    monkeypatch.delenv("TILEDSL_TRACEBACK", raising=False)
+    code, out, err = run_cli(capsys, "check", COPY)
+    assert code == 3
+    assert len(err.splitlines()) == 1
+    assert err.startswith("internal error: ZeroDivisionError: the bug (at test_cli.py:")
+    monkeypatch.setenv("TILEDSL_TRACEBACK", "1")
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["check", COPY])
+
+
+def test_a_missing_stage_is_named_and_exits_2(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiledsl.schedule.check", None)
+    code, out, err = run_cli(capsys, "check", COPY)
+    assert code == 2
+    assert err == f"{COPY}: the check stage is not available in this build\n"
+
+
+# ---- version, help, usage ----------------------------------------------------------------------------
+
+def test_version(capsys):
+    code, out, _ = run_cli(capsys, "--version")
+    assert (code, out) == (0, f"tiledsl {tiledsl.__version__}\n")
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["build"], ["graph"], ["run"]])
+def test_help_of_every_command(capsys, command):
+    code, out, _ = run_cli(capsys, *command, "--help")
+    assert code == 0
+    assert out.startswith(f"usage: tiledsl {' '.join(command)}".rstrip())
+
+
+def test_no_command_prints_usage_and_exits_2(capsys):
+    code, _, err = run_cli(capsys)
+    assert code == 2
+    assert err.startswith("usage: tiledsl")
+
+
+@pytest.mark.parametrize("argv", [["check"], ["build", COPY, "--dump-after", "lex"], ["build", COPY, "-D", "BM"],
+                                  ["build", COPY, "-D", "BM=big"], ["graph", COPY], ["run", COPY, "--world", "0"],
+                                  ["run", COPY, "--size", "N"], ["frobnicate"]])
+def test_usage_errors_exit_2(capsys, argv):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert "error:" in err
+
+
+def test_python_dash_m_tiledsl_version():
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-m", "tiledsl", "--version"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+    assert (done.returncode, done.stdout) == (0, f"tiledsl {tiledsl.__version__}\n")
+
+
+# ---- build -----------------------------------------------------------------------------------------
+
+def test_build_dump_after_parse(capsys):
+    code, out, _ = run_cli(capsys, "build", COPY, "--dump-after", "parse")
+    assert code == 0
+    assert out.startswith("Program(name=Name(id='copy'")
+
+
+@pytest.mark.parametrize("stage", ["schedule", "check"])
+def test_build_dump_after_schedule_and_check(capsys, stage):
+    code, out, _ = run_cli(capsys, "build", AG_GEMM, "--dump-after", stage)
+    assert code == 0
+    assert "gather" in out and "mm" in out and "A_all" in out
+
+
+def test_build_dump_after_stops_at_the_first_error(capsys, broken):
+    code, out, err = run_cli(capsys, "build", broken, "--dump-after", "check")
+    assert (code, out) == (1, "")
+    assert "unknown name 'Z'" in err
+
+
+@needs_codegen
+def test_build_writes_the_module_next_to_the_program(capsys, tmp_path):
+    source = tmp_path / "copy.tds"
+    source.write_text(Path(COPY).read_text())
+    code, out, err = run_cli(capsys, "build", str(source))
+    assert code == 0
+    written = tmp_path / "copy_tds.py"
+    assert err == f"{source}: wrote {written}\n"
+    compile(written.read_text(), str(written), "exec")
+
+
+@needs_codegen
+def test_build_to_stdout_with_a_const(capsys):
+    code, out, _ = run_cli(capsys, "build", COPY, "-o", "-", "-D", "BLOCK=512")
+    assert code == 0
+    assert out.startswith("# Generated by tiledsl")
+    assert "512" in out
+
+
+@needs_codegen
+def test_build_to_an_unwritable_place_is_an_error_not_a_bug(capsys, tmp_path):
+    out = tmp_path / "no" / "such" / "dir" / "x.py"
+    code, _, err = run_cli(capsys, "build", COPY, "-o", str(out))
+    assert code == 1
+    assert err == f"{COPY}: error: cannot write {out}: No such file or directory\n"
+
+
+def test_build_without_codegen_says_so(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tiledsl.codegen", None)
+    code, out, err = run_cli(capsys, "build", COPY, "-o", str(tmp_path / "x.py"))
+    assert code == 2
+    assert err == f"{COPY}: code generation is not available in this build\n"
+    assert not (tmp_path / "x.py").exists()
+
+
+@needs_codegen
+def test_build_arch_prints_the_compile_report(capsys, monkeypatch, tmp_path):
+    seen = {}
+
+    def compile_report(source, arch, consts=None):
+        seen.update(source=source, arch=arch, consts=consts)
+        return "kernel  regs\ntds_kernel  32"
+
+    monkeypatch.setitem(sys.modules, "tiledsl.codegen.aot", types.SimpleNamespace(compile_report=compile_report))
+    code, out, _ = run_cli(capsys, "build", COPY, "-o", str(tmp_path / "x.py"), "--arch", "sm_90", "-D", "BLOCK=256")
+    assert code == 0
+    assert out == "kernel  regs\ntds_kernel  32\n"
+    assert seen == {"source": Path(COPY), "arch": "sm_90", "consts": {"BLOCK": 256}}
+
+
+@needs_codegen
+def test_build_arch_without_the_compiler_report_says_so(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tiledsl.codegen.aot", None)
+    code, _, err = run_cli(capsys, "build", COPY, "-o", str(tmp_path / "x.py"), "--arch", "sm_90")
+    assert code == 2
+    assert "ahead-of-time compilation (--arch) is not available in this build" in err
+
+
+# ---- graph -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".dot", ".png", ".svg"])
+def test_graph_writes_each_format(capsys, tmp_path, suffix):
+    out_path = tmp_path / f"ag_gemm{suffix}"
+    code, _, err = run_cli(capsys, "graph", AG_GEMM, "-o", str(out_path))
+    assert code == 0
+    assert out_path.stat().st_size > 0
+    assert err.startswith(f"{AG_GEMM}: wrote {out_path} (")
+    if suffix == ".dot":
+        assert out_path.read_text().startswith('digraph "ag_gemm" {')
+
+
+def test_graph_to_an_unwritable_place_is_an_error(capsys, tmp_path):
+    out = tmp_path / "no" / "x.dot"
+    code, _, err = run_cli(capsys, "graph", COPY, "-o", str(out))
+    assert code == 1
+    assert err == f"{COPY}: error: cannot write {out}: No such file or directory\n"
+
+
+def test_graph_refuses_an_unknown_format(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "graph", COPY, "-o", str(tmp_path / "x.jpg"))
+    assert code == 2
+    assert "graph output must end in .png, .svg, .dot" in err
+
+
+def test_graph_of_a_broken_program_shows_its_errors(capsys, broken, tmp_path):
+    code, _, err = run_cli(capsys, "graph", broken, "-o", str(tmp_path / "x.dot"))
+    assert code == 1
+    assert "unknown name 'Z'" in err
+
+
+# ---- run -------------------------------------------------------------------------------------------
+
+def test_run_hands_its_arguments_to_the_runtime(capsys, monkeypatch):
+    seen = {}
+
+    def main_run(args):
+        seen.update(vars(args))
+        return 0
+
+    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", types.SimpleNamespace(main_run=main_run))
+    code, _, _ = run_cli(capsys, "run", COPY, "--world", "4", "--size", "N=4096", "--size", "M=8", "--emulate",
+                         "--seed", "7")
+    assert code == 0
+    assert {k: seen[k] for k in ("file", "world", "size", "emulate", "seed")} == {
+        "file": COPY, "world": 4, "size": ["N=4096", "M=8"], "emulate": True, "seed": 7}
+
+
+def test_run_without_the_runtime_says_so(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", None)
+    code, _, err = run_cli(capsys, "run", COPY)
+    assert code == 2
+    assert "`tiledsl run` (the launcher and emulator) is not available yet in this build" in err
