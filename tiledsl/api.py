@@ -46,5 +46,5 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     with the program's in/out/inout tensors and returns its out/inout tensors. A wait that runs past
     `wait_timeout_s` raises ScheduleTimeout naming the rank, edge and epoch."""
     module = build_module(source, consts)
-    return module.load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
+    return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
                        dtype_override=dtype_override, num_sms=num_sms, skip=skip)

@@ -40,36 +40,36 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
 
     fn = module.tds_kernel
     params = list(inspect.signature(fn.fn).parameters)
-    tensors = {t.name: t for t in module.TENSORS}
-    families = {f.name: f for f in module.FAMILIES}
-    env = {"rank": 0, "world": 4, **module.CONSTS, **{p: 4096 for p in module.PARAMS}, **(sizes or {})}
-    blocks = module.blocks(env)
-    matmuls = module.matmuls(env)
+    tensors = {t.name: t for t in module.tds_TENSORS}
+    families = {f.name: f for f in module.tds_FAMILIES}
+    env = {"rank": 0, "world": 4, **module.tds_CONSTS, **{p: 4096 for p in module.tds_PARAMS}, **(sizes or {})}
+    blocks = module.tds_blocks(env)
+    matmuls = module.tds_matmuls(env)
     signature, constexprs = {}, {}
     for name in params:
         if name in tensors:
             signature[name] = "*" + TL_TYPES[dtype or tensors[name].dtype]
-        elif name.startswith("peers_"):
+        elif name.startswith("tds_peers_"):
             signature[name] = "*i64"
-        elif name.startswith("sig_"):
-            producer = families[name[4:]]
+        elif name.startswith("tds_sig_"):
+            producer = families[name[8:]]
             signature[name] = "*i64" if producer.engine == "nvshmem" else "*i32"
-        elif name.startswith("order_") or name == "diag":
+        elif name.startswith("tds_order_") or name == "tds_diag":
             signature[name] = "*i32"
-        elif name.startswith("desc_"):
-            family, side = name[5:].rsplit("_", 1)
+        elif name.startswith("tds_desc_"):
+            family, side = name[9:].rsplit("_", 1)
             left, right, bm, bn, bk, target = matmuls[family]
             operand, shape = {"a": (left, [bm, bk]), "b": (right, [bk, bn]), "c": (target, [bm, bn])}[side]
             signature[name] = f"tensordesc<{TL_TYPES[dtype or tensors[operand].dtype]}[{shape[0]},{shape[1]}]>"
-        elif name in module.CONSTS:
-            constexprs[name] = module.CONSTS[name]
+        elif name in module.tds_CONSTS:
+            constexprs[name] = module.tds_CONSTS[name]
         elif name in blocks:
             constexprs[name] = blocks[name]
-        elif name.startswith("RUN_"):
+        elif name.startswith("tds_RUN_"):
             constexprs[name] = True
-        elif name.startswith("START_"):
+        elif name.startswith("tds_START_"):
             constexprs[name] = 0
-        elif name.startswith("PROGRAMS_"):
+        elif name.startswith("tds_PROGRAMS_"):
             constexprs[name] = 132
         else:
             signature[name] = "i32"
@@ -77,7 +77,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
         signature[name] = "constexpr"
     from tiledsl.runtime.launch import kernel_options
     options = kernel_options(module, env)
-    if module.USES_NVSHMEM:
+    if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)

@@ -214,7 +214,7 @@ def waits_of(schedule: ir.Schedule, family: ir.Family) -> list[Wait]:
         loops, index_codes = [], []
         for n, (mapped, (sym, extent)) in enumerate(zip(edge.index_map, producer.indices)):
             if mapped is None:
-                var = f"w{edge_id}_{n}"
+                var = f"tds_w{edge_id}_{n}"
                 loops.append((var, code(extent)))
                 index_codes.append(var)
             else:
@@ -223,8 +223,8 @@ def waits_of(schedule: ir.Schedule, family: ir.Family) -> list[Wait]:
         for n, (_, extent) in enumerate(producer.indices):
             instance = index_codes[n] if n == 0 else f"({instance}) * ({code(extent)}) + {index_codes[n]}"
         if edge.ranks is ir.RankSet.EVERY:
-            loops.append((f"w{edge_id}_rank", "world"))
-            writer = f"w{edge_id}_rank"
+            loops.append((f"tds_w{edge_id}_rank", "world"))
+            writer = f"tds_w{edge_id}_rank"
         elif edge.ranks is ir.RankSet.AT:
             writer = code(edge.rank_expr)
         else:
@@ -247,8 +247,8 @@ def _has_matmul(value) -> bool:
 
 
 def decode_lines(family: ir.Family) -> list[str]:
-    """Kernel lines that turn the linear instance number `inst` into the family's indices."""
-    lines, rest = [], "inst"
+    """Kernel lines that turn the linear instance number `tds_inst` into the family's indices."""
+    lines, rest = [], "tds_inst"
     for n in range(len(family.indices) - 1, -1, -1):
         sym, extent = family.indices[n]
         if n == 0:
@@ -277,7 +277,7 @@ def plan_copy(schedule: ir.Schedule, family: ir.Family) -> dict:
             stride = code(sympy.Mul(*tensor.shape[n + 1:]))
             host_start = code(dim.start, kernel=False)
             if dim.kept:
-                var = "rc"[len(kept)] if len([d for d in region.dims if d.kept]) == 2 else "r"
+                var = ("tds_r", "tds_c")[len(kept)] if len([d for d in region.dims if d.kept]) == 2 else "tds_r"
                 kept.append(dim)
                 index.append(f"({code(dim.start)} + {var}) * {stride}")
                 bounds.append(f"({code(dim.start)} + {var} < {code(tensor.shape[n])})")
@@ -287,7 +287,7 @@ def plan_copy(schedule: ir.Schedule, family: ir.Family) -> dict:
                 host_slices.append(host_start)
         base = region.tensor
         if region.owner is not None and not (family.engine.kind is ir.EngineKind.NVSHMEM and role == "dst"):
-            base = f"({region.tensor} + tl.load(peers_{region.tensor} + {code(region.owner)}))"
+            base = f"({region.tensor} + tl.load(tds_peers_{region.tensor} + {code(region.owner)}))"
         fields[role] = f"({base} + {' + '.join(offset) or '0'})"
         fields[f"{role}_index"] = " + ".join(index)
         fields[f"{role}_host"] = {"tensor": region.tensor, "slices": ", ".join(host_slices),
@@ -325,7 +325,7 @@ def nvshmem_span(schedule, family, source, target) -> dict:
 
 def param_sources(schedule: ir.Schedule) -> dict[str, tuple[str, int, str]]:
     """For each param, a caller tensor dimension that determines it, with host code solving for it."""
-    value = sympy.Symbol("value", integer=True, positive=True)
+    value = sympy.Symbol("tds_value", integer=True, positive=True)
     found = {}
     for tensor in schedule.tensors.values():
         if tensor.role not in (ir.Role.IN, ir.Role.OUT, ir.Role.INOUT):

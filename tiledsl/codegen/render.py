@@ -23,10 +23,10 @@ def _environment() -> jinja2.Environment:
 def render(plan: KernelPlan) -> str:
     """The text of the generated module for `plan`."""
     names = list(plan.params) + ["rank", "world"] + list(plan.consts)
-    unpack = "\n".join(f"    {n} = env[{n!r}]" for n in names)
+    unpack = "\n".join(f"    {n} = tds_env[{n!r}]" for n in names)
     blocks = [b for f in plan.families for b in f.blocks]
-    scalar_args = ", ".join([f"a[{n!r}]" for n in plan.params + ["rank", "world", "epoch", "diag", "max_spins"]]
-                            + [f"{n}=a[{n!r}]" for n in list(plan.consts) + blocks])
+    scalar_args = ", ".join([f"tds_a[{n!r}]" for n in plan.params + ["rank", "world", "epoch", "diag", "max_spins"]]
+                            + [f"{n}=tds_a[{n!r}]" for n in list(plan.consts) + blocks])
     text = _environment().get_template("module.py.jinja").render(
         name=plan.name, path=plan.path, source_hash=plan.source_hash, version=plan.version,
         tensors=plan.tensors, families=plan.families, kernel_families=plan.kernel_families,

@@ -78,7 +78,7 @@ class TileLowering:
 
     def fresh(self) -> str:
         self.counter += 1
-        return f"v{self.counter}"
+        return f"tds_v{self.counter}"
 
     def lower(self) -> TileCode:
         shapes = {tuple(s.shape) for s in self.family.stores}
@@ -99,7 +99,7 @@ class TileLowering:
                 # [BM, BN] block of pointers would take
                 dims = store.target.dims
                 self.out.matmul["target"] = target
-                self.out.lines.append(f"desc_{self.family.name}_c.store([{code(dims[0].start)}, {code(dims[1].start)}], "
+                self.out.lines.append(f"tds_desc_{self.family.name}_c.store([{code(dims[0].start)}, {code(dims[1].start)}], "
                                       f"{value}.to({target}.dtype.element_ty))")
                 continue
             ptr, mask = self.pointer(store.target, len(self.axes), "")
@@ -122,7 +122,7 @@ class TileLowering:
         value = size.subs({sympy.Symbol(k, integer=True, positive=True): v for k, v in self.consts.items()})
         if value.is_Integer:
             return Axis(size, str(pow2_at_least(int(value))))
-        name = f"BLOCK_{self.family.name}_{n}"
+        name = f"tds_BLOCK_{self.family.name}_{n}"
         self.out.constexpr_blocks[name] = size
         return Axis(size, name)
 
@@ -139,7 +139,7 @@ class TileLowering:
             raise LoweringError(f"'{region.tensor}' has more dimensions than the tile's block")
         base = region.tensor
         if region.owner is not None:
-            base = f"({region.tensor} + tl.load(peers_{region.tensor} + {code(region.owner)}))"
+            base = f"({region.tensor} + tl.load(tds_peers_{region.tensor} + {code(region.owner)}))"
         offsets, masks = [], []
         axis = first_axis
         for n, dim in enumerate(region.dims):
@@ -220,7 +220,7 @@ class TileLowering:
             "k": code(k_left.size), "block_m": self.axes[0].block, "block_n": self.axes[1].block,
             "block_k": "BK" if "BK" in self.consts else str(block_k), "target": None,
         }
-        return "acc"
+        return "tds_acc"
 
 
 def _expand(axis: int, naxes: int) -> str:

@@ -323,7 +323,8 @@ def _tok_span(token: Token) -> ast.Span:
     return ast.Span(token.line, token.column, token.end_line, token.end_column)
 
 
-RESERVED = {"rank", "world", "rest", "every", "sum", "cdiv", "min", "max"}
+# built-in names of the language, and the Python built-ins that generated code calls
+RESERVED = {"rank", "world", "rest", "every", "sum", "cdiv", "min", "max", "range", "sorted"}
 
 
 def check_identifier(token: Token) -> None:
@@ -332,7 +333,7 @@ def check_identifier(token: Token) -> None:
     span = _tok_span(token)
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         raise TdsError([error(f"'{name}' is a Python keyword and cannot name anything here", span)])
-    if name.startswith("__") or name.startswith("tds_"):
+    if name.startswith("__") or name.lower().startswith("tds_"):
         raise TdsError([error(f"'{name}' is reserved (names may not start with '__' or 'tds_')", span)])
     if name in {"tl", "triton", "torch"}:
         raise TdsError([error(f"'{name}' is reserved for the generated code", span)])

@@ -88,7 +88,7 @@ def unlinear(number: int, extents: tuple) -> tuple:
 def kernel_options(module, env) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block."""
-    matmuls = module.matmuls(env)
+    matmuls = module.tds_matmuls(env)
     if not matmuls:
         return {"num_warps": 4, "num_stages": 2}
     stage_bytes = max((bm * bk + bk * bn) * 2 for _, _, bm, bn, bk, _ in matmuls.values())
@@ -116,7 +116,7 @@ class Program:
         # families left out on purpose, to break a schedule in tests: their consumers must time out
         self.skip = set(skip)
         self.epoch = 0
-        self.callers = [t for t in module.TENSORS if t.role in ("in", "out", "inout")]
+        self.callers = [t for t in module.tds_TENSORS if t.role in ("in", "out", "inout")]
         self._resources: dict = {}
         self._calls: dict = {}
         self._comm_stream = None
@@ -153,20 +153,20 @@ class Program:
     def _sizes(self, tensors: dict[str, torch.Tensor]) -> dict:
         shapes = {n: tuple(t.shape) for n, t in tensors.items()}
         for spec in self.callers:
-            expected_rank = len(self.module.tensor_shapes(self._dummy_env())[spec.name])
+            expected_rank = len(self.module.tds_tensor_shapes(self._dummy_env())[spec.name])
             if len(shapes[spec.name]) != expected_rank:
                 raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected {expected_rank} dimensions, "
                                   f"got shape {list(shapes[spec.name])}")
-        env = {"rank": self.rank, "world": self.world, **self.module.CONSTS}
+        env = {"rank": self.rank, "world": self.world, **self.module.tds_CONSTS}
         try:
-            env.update(self.module.infer_params(shapes, self.world))
+            env.update(self.module.tds_infer_params(shapes, self.world))
         except ZeroDivisionError:
             raise LaunchError("a tensor has a zero-sized dimension") from None
-        for ok, message in self.module.conditions(env):
+        for ok, message in self.module.tds_conditions(env):
             if not ok:
-                detail = ", ".join(f"{p}={env[p]}" for p in self.module.PARAMS)
+                detail = ", ".join(f"{p}={env[p]}" for p in self.module.tds_PARAMS)
                 raise LaunchError(f"{message}; got {detail}, world={self.world}")
-        expected = self.module.tensor_shapes(env)
+        expected = self.module.tds_tensor_shapes(env)
         for spec in self.callers:
             tensor = tensors[spec.name]
             want_dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
@@ -183,8 +183,8 @@ class Program:
         return env
 
     def _dummy_env(self) -> dict:
-        env = {"rank": 0, "world": max(1, self.world), **self.module.CONSTS}
-        env.update({p: self.world * 4096 for p in self.module.PARAMS})
+        env = {"rank": 0, "world": max(1, self.world), **self.module.tds_CONSTS}
+        env.update({p: self.world * 4096 for p in self.module.tds_PARAMS})
         return env
 
     @property
@@ -195,16 +195,16 @@ class Program:
 
     # ---- buffers, signals and tables for one set of sizes ---------------------------------------
     def _resources_for(self, env: dict) -> dict:
-        key = tuple(sorted((k, v) for k, v in env.items() if k in self.module.PARAMS))
+        key = tuple(sorted((k, v) for k, v in env.items() if k in self.module.tds_PARAMS))
         if key in self._resources:
             return self._resources[key]
-        if self.heap is None and (self.module.DISTRIBUTED or self.world > 1):
+        if self.heap is None and (self.module.tds_DISTRIBUTED or self.world > 1):
             raise LaunchError("this program communicates: give it a symmetric heap "
                               "(tiledsl.runtime.heap.open_heap() under torchrun)")
-        shapes = self.module.tensor_shapes(env)
-        counts = self.module.counts(env)
+        shapes = self.module.tds_tensor_shapes(env)
+        counts = self.module.tds_counts(env)
         res: dict = {}
-        for spec in self.module.TENSORS:
+        for spec in self.module.tds_TENSORS:
             dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
             if spec.staged:
                 # Staged inputs are written before the entry barrier, while peers may still be reading
@@ -214,18 +214,18 @@ class Program:
                 res[spec.name] = self.heap.alloc(shapes[spec.name], dtype)
             elif spec.role == "local":
                 res[spec.name] = torch.empty(shapes[spec.name], dtype=dtype, device=self.device)
-        for spec in self.module.FAMILIES:
+        for spec in self.module.tds_FAMILIES:
             if spec.notify:
                 slots = counts[spec.name] * spec.split
                 # NVSHMEM writes 64-bit signals; everything else uses 32-bit slots
                 dtype = torch.int64 if spec.engine == "nvshmem" else torch.int32
                 res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots), dtype)
-        if self.module.DISTRIBUTED:
+        if self.module.tds_DISTRIBUTED:
             res["barrier"] = self._alloc_signals((self.world,), torch.int32)
-        for name, order in self.module.orders(env).items():
+        for name, order in self.module.tds_orders(env).items():
             res[f"order_{name}"] = order
             res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
-        res["blocks"] = self.module.blocks(env)
+        res["blocks"] = self.module.tds_blocks(env)
         res["diag"] = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
         self._resources[key] = res
         return res
@@ -256,7 +256,7 @@ class Program:
         self.epoch += 1
         for target, source in call.staged:
             target.copy_(source)
-        if self.module.DISTRIBUTED:
+        if self.module.tds_DISTRIBUTED:
             sync.barrier_all[(1,)](*call.barrier, self.epoch, call.diag, self.max_spins)
         call.kernel_args["epoch"] = self.epoch
         if self.emulated:
@@ -273,80 +273,80 @@ class Program:
         res = self._resources_for(env)
         views = dict(tensors)
         staged = []
-        for spec in self.module.TENSORS:
+        for spec in self.module.tds_TENSORS:
             if spec.staged:
                 views[spec.name] = res[spec.name][parity]
                 staged.append((views[spec.name], tensors[spec.name]))
             elif spec.name in res:
                 views[spec.name] = res[spec.name]
         barrier = ()
-        if self.module.DISTRIBUTED:
+        if self.module.tds_DISTRIBUTED:
             barrier = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world)
         copies = {spec.name: self._copy_ops(spec, env, res, views)
-                  for spec in self.module.FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
+                  for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
         roles, grid = (None, 0) if self.emulated else self._roles(env)
         return _Call(env, res["diag"], staged, barrier, self._kernel_args(env, res, views), copies, roles, grid,
                      self._options(env))
 
     def _kernel_args(self, env, res, views) -> dict:
         a = {**env, **res["blocks"], "epoch": self.epoch, "diag": res["diag"], "max_spins": self.max_spins}
-        for spec in self.module.TENSORS:
+        for spec in self.module.tds_TENSORS:
             a[spec.name] = views[spec.name]
             if spec.peers:
-                a[f"peers_{spec.name}"] = self._peer_offsets(views[spec.name])
-        for spec in self.module.FAMILIES:
+                a[f"tds_peers_{spec.name}"] = self._peer_offsets(views[spec.name])
+        for spec in self.module.tds_FAMILIES:
             if spec.notify:
-                a[f"sig_{spec.name}"] = res[f"sig_{spec.name}"]
+                a[f"tds_sig_{spec.name}"] = res[f"sig_{spec.name}"]
                 if spec.notify == "all":
-                    a[f"peers_sig_{spec.name}"] = self._peer_offsets(res[f"sig_{spec.name}"])
+                    a[f"tds_peers_sig_{spec.name}"] = self._peer_offsets(res[f"sig_{spec.name}"])
             if spec.ordered:
-                a[f"order_{spec.name}"] = res[f"order_table_{spec.name}"]
+                a[f"tds_order_{spec.name}"] = res[f"order_table_{spec.name}"]
             if spec.matmul:
                 a.update(self._descriptors(spec.name, env, views))
         return a
 
     def _descriptors(self, family, env, views) -> dict:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        left, right, block_m, block_n, block_k, target = self.module.matmuls(env)[family]
-        out = {f"desc_{family}_a": TensorDescriptor.from_tensor(views[left], [block_m, block_k]),
-               f"desc_{family}_b": TensorDescriptor.from_tensor(views[right], [block_k, block_n])}
+        left, right, block_m, block_n, block_k, target = self.module.tds_matmuls(env)[family]
+        out = {f"tds_desc_{family}_a": TensorDescriptor.from_tensor(views[left], [block_m, block_k]),
+               f"tds_desc_{family}_b": TensorDescriptor.from_tensor(views[right], [block_k, block_n])}
         if target is not None:
-            out[f"desc_{family}_c"] = TensorDescriptor.from_tensor(views[target], [block_m, block_n])
+            out[f"tds_desc_{family}_c"] = TensorDescriptor.from_tensor(views[target], [block_m, block_n])
         return out
 
     def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
         """RUN/START/PROGRAMS for every kernel family, and the grid size."""
-        counts = self.module.counts(env)
-        kernel = [f for f in self.module.FAMILIES if f.engine != "copy_engine"]
+        counts = self.module.tds_counts(env)
+        kernel = [f for f in self.module.tds_FAMILIES if f.engine != "copy_engine"]
         roles, start = {}, 0
         if only is not None:
             for f in kernel:
-                roles.update({f"RUN_{f.name}": f.name == only, f"START_{f.name}": 0, f"PROGRAMS_{f.name}": 1})
+                roles.update({f"tds_RUN_{f.name}": f.name == only, f"tds_START_{f.name}": 0, f"tds_PROGRAMS_{f.name}": 1})
             return roles, 1
         for f in kernel:
-            roles[f"RUN_{f.name}"] = f.name not in self.skip
+            roles[f"tds_RUN_{f.name}"] = f.name not in self.skip
         num_sms = self.num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
         for f in kernel:
             if f.programs is not None:
                 programs = max(1, min(f.programs, counts[f.name] * f.split))
-                roles.update({f"START_{f.name}": start, f"PROGRAMS_{f.name}": programs})
+                roles.update({f"tds_START_{f.name}": start, f"tds_PROGRAMS_{f.name}": programs})
                 start += programs
         shared = [f for f in kernel if f.programs is None]
         rest = min(max(1, num_sms - start), max([counts[f.name] * f.split for f in shared] or [0]))
         for f in shared:
-            roles.update({f"START_{f.name}": start, f"PROGRAMS_{f.name}": rest})
+            roles.update({f"tds_START_{f.name}": start, f"tds_PROGRAMS_{f.name}": rest})
         return roles, start + (rest if shared else 0)
 
     def _options(self, env) -> dict:
         options = kernel_options(self.module, env)
-        if self.module.USES_NVSHMEM and not self.emulated:
+        if self.module.tds_USES_NVSHMEM and not self.emulated:
             from tiledsl.runtime import nvshmem_device
             nvshmem_device.init_module_hook()
             options["extern_libs"] = nvshmem_device.extern_libs()
         return options
 
     def _run_serialised(self, call):
-        for spec in self.module.FAMILIES:
+        for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
                 continue
             if spec.engine == "copy_engine":
@@ -356,7 +356,7 @@ class Program:
                         signal.view(-1)[slot] = self.epoch
             else:
                 roles, grid = self._roles(call.env, only=spec.name)
-                self.module.launch_kernel((grid,), call.kernel_args, roles, call.options)
+                self.module.tds_launch_kernel((grid,), call.kernel_args, roles, call.options)
 
     def _run_concurrent(self, call):
         compute = torch.cuda.current_stream()
@@ -373,7 +373,7 @@ class Program:
                         for address in addresses:
                             copy_engine.write_signal(comm, address, self.epoch)
         if call.grid:
-            self.module.launch_kernel((call.grid,), call.kernel_args, call.roles, call.options)
+            self.module.tds_launch_kernel((call.grid,), call.kernel_args, call.roles, call.options)
         if call.copies:
             # the next call's staging and barrier must come after this call's copies
             compute.wait_stream(self._comm_stream)
@@ -387,8 +387,8 @@ class Program:
             return self.heap.peer(views[name], owner)
 
         signals = res.get(f"sig_{spec.name}")
-        view_of = getattr(self.module, f"views_{spec.name}")
-        count = self.module.counts(env)[spec.name]
+        view_of = getattr(self.module, f"tds_views_{spec.name}")
+        count = self.module.tds_counts(env)[spec.name]
         ops = []
         for instance in res[f"order_{spec.name}"]:
             source, target, owner = view_of(env, tensor, instance)
@@ -411,7 +411,7 @@ class Program:
             if int(diag[sync.DIAG_FLAG]):
                 res["diag"].zero_()
                 edge = int(diag[sync.DIAG_EDGE])
-                what = "the entry barrier" if edge == sync.BARRIER_EDGE else f"edge {edge}: {self.module.EDGES[edge]}"
+                what = "the entry barrier" if edge == sync.BARRIER_EDGE else f"edge {edge}: {self.module.tds_EDGES[edge]}"
                 raise ScheduleTimeout(
                     f"rank {int(diag[sync.DIAG_RANK])} timed out waiting on {what} "
                     f"(waiting instance {int(diag[sync.DIAG_INSTANCE])}, expected epoch "
