@@ -107,14 +107,15 @@ def cmd_graph(args) -> int:
 
 
 def cmd_run(args) -> int:
-    def run() -> int:
+    def run(path) -> int:
         try:
             from tiledsl.runtime.run_program import main_run
         except ImportError as exc:
             raise Unavailable("`tiledsl run` (the launcher and emulator) is not available yet in this build") from exc
-        return main_run(args)
+        return main_run(argparse.Namespace(**{**vars(args), "file": path}))
 
-    return _guarded(args.file, run)
+    # each program gets its own verdict; the worst exit code stands for all of them
+    return max(_guarded(path, run, path) for path in args.files)
 
 
 # ---- errors: diagnostics, missing parts, bugs ----------------------------------------------------
@@ -244,9 +245,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="OUT.png or OUT.svg (graphviz `dot` if installed, else matplotlib), or OUT.dot")
     graph.set_defaults(handler=cmd_graph)
 
-    run = commands.add_parser("run", help="run a program on GPUs, or emulated on the CPU",
-                              description="Run FILE on random inputs and compare with torch.distributed.")
-    run.add_argument("file", metavar="FILE", help="a .tds program")
+    run = commands.add_parser("run", help="run programs on GPUs, or emulated on the CPU",
+                              description="Run each FILE on random inputs and compare every output with the torch "
+                                          "reference of the program.")
+    run.add_argument("files", metavar="FILE", nargs="+", help="a .tds program")
     run.add_argument("--world", type=_positive, default=2, metavar="N",
                      help="number of emulated ranks (default 2; under torchrun, its WORLD_SIZE)")
     run.add_argument("--size", metavar="NAME=VALUE", type=_size, action="append", default=[],
