@@ -50,7 +50,7 @@ def test_dot_names_every_family_tensor_and_edge(path):
 def test_dot_of_ag_gemm_reads_like_the_program():
     dot = graph.to_dot(schedule_of(PROGRAMS[0]))
     assert 'label="mm[i, j] after gather[(i*BM) / Ms]"' in dot
-    assert 'label="tile mm[i in M/BM, j in cdiv(N, BN)]\\non sms(rest)\\nreads A_all, B -> writes C\\n' \
+    assert 'label="tile mm[i in world * (Ms/BM), j in cdiv(N, BN)]\\non sms(rest)\\nreads A_all, B -> writes C\\n' \
            'order by ((i*BM)/Ms - rank) mod world, j"' in dot
     assert '"t:A_all" [shape=note, label="A_all\\nsymm bf16[M, K]", fillcolor="#fde9cf"' in dot
     assert '"t:A" -> "f:gather" [style=dashed' in dot and '"f:mm" -> "t:C" [style=dashed' in dot

@@ -132,4 +132,4 @@ def test_ag_gemm_builds_regions_and_edge_maps_as_sympy():
     (edge,) = schedule.edges
     assert (edge.consumer, edge.producer, edge.ranks) == ("mm", "gather", ir.RankSet.LOCAL)
     assert sympy.simplify(edge.index_map[0] - sympy.floor(ir.size_symbol("BM") * i * world / M)) == 0
-    assert {c.message for c in schedule.conditions} == {"M must be divisible by world", "M must be divisible by BM"}
+    assert {c.message for c in schedule.conditions} == {"M must be divisible by world", "M/world must be divisible by BM"}

@@ -81,7 +81,8 @@ def test_broken_program_reports_its_expected_error(path):
 def test_ag_gemm_without_its_edge_races_on_the_gathered_rows():
     source = AG_GEMM.replace("mm[i, j] after gather[(i*BM) / Ms]\n", "")
     race = the_error(source, "race: tile 'mm' reads A_all while chunk 'gather' may still write it")
-    assert at(race) == (line_of(source, "tile  mm"), source.splitlines()[14].index("A_all[") + 1)
+    tile_line = line_of(source, "tile  mm")
+    assert at(race) == (tile_line, source.splitlines()[tile_line - 1].index("A_all[") + 1)
     assert race.hint == "add an edge: mm[i, j] after gather[...]"
     (note,) = race.notes
     assert note.span.line == line_of(source, "chunk gather") and "'gather' writes A_all here" in note.message
@@ -236,8 +237,8 @@ def test_a_family_waiting_on_a_later_instance_is_a_deadlock():
 def test_off_by_one_index_map_is_an_orphan_wait():
     source = AG_GEMM.replace("gather[(i*BM) / Ms]", "gather[(i*BM) / Ms + 1]")
     orphan = the_error(source, "orphan wait: mm[2, 0] on rank 0 waits for gather[2], but gather has instances 0..1")
-    assert at(orphan) == (16, 16)
-    assert orphan.notes[0].span.line == 14
+    assert at(orphan) == (line_of(source, "mm[i, j] after"), 16)
+    assert orphan.notes[0].span.line == line_of(source, "chunk gather")
 
 
 def test_wait_on_a_rank_outside_the_world_is_an_orphan_wait():

@@ -4,6 +4,7 @@ program id in global state and undoes its patching of triton.language when any l
 ranks in one process would corrupt each other."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import queue
@@ -18,6 +19,11 @@ ALIGN = 256
 # The interpreter semantics we rely on (peer pointer arithmetic, acquire/release atomics, host tensor
 # descriptors) were checked with these Triton releases.
 TESTED_TRITON = ("3.4", "3.5", "3.6", "3.7", "3.8", "3.9")
+# Ranks fork from a server that imported these once in interpreter mode: importing torch and triton
+# afresh costs each rank ~2 s, which dominated a run. The server never runs a kernel or a torch op,
+# so a fork of it holds no threads and no interpreter state.
+PRELOAD = ["torch", "triton", "triton.language", "tiledsl.api", "tiledsl.pipeline", "tiledsl.schedule.check",
+           "tiledsl.codegen", "tiledsl.runtime.launch", "tiledsl.runtime.run_program"]
 
 
 class EmulatedHeap(SymmetricHeap):
@@ -52,13 +58,17 @@ class EmulatedHeap(SymmetricHeap):
         self._next = 0
 
 
-def check_interpreter() -> None:
+def check_triton_version() -> None:
     import triton
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("emulation needs TRITON_INTERPRET=1 before triton is imported")
-    if not triton.__version__.startswith(TESTED_TRITON):
+    if ".".join(triton.__version__.split(".")[:2]) not in TESTED_TRITON:
         raise RuntimeError(f"emulation was tested with triton {', '.join(TESTED_TRITON)}; "
                            f"this is triton {triton.__version__}")
+
+
+def check_interpreter() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("emulation needs TRITON_INTERPRET=1 before triton is imported")
+    check_triton_version()
 
 
 def _rank_main(fn, rank, world, arenas, barrier, results, args):
@@ -66,6 +76,10 @@ def _rank_main(fn, rank, world, arenas, barrier, results, args):
     torch.set_num_threads(1)
     try:
         check_interpreter()
+        from tiledsl.runtime import sync
+        if not sync.EMULATED:
+            raise RuntimeError("this process's forkserver imported triton without TRITON_INTERPRET=1; "
+                               "emulated ranks must start it (call run_ranks before other forkserver use)")
         heap = EmulatedHeap(rank, world, arenas, barrier)
         results.put((rank, True, fn(heap, *args)))
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
@@ -77,18 +91,24 @@ def run_ranks(fn, world: int, *args, timeout_s: float = 600.0) -> list:
     """Run `fn(heap, *args)` on `world` emulated ranks, each its own process; return their results.
 
     `fn` must be importable (a module-level function). Raises RuntimeError naming the first rank
-    that failed, with its message."""
+    that failed, with its message. Ranks fork from this process's multiprocessing forkserver, which
+    the first call starts in interpreter mode with PRELOAD imported: this process should not also
+    use the forkserver for work that runs triton on a GPU."""
     if world < 1:
         raise ValueError("world must be at least 1")
-    os.environ["TRITON_INTERPRET"] = "1"
-    context = multiprocessing.get_context("spawn")
-    arenas = [torch.zeros(ARENA_BYTES, dtype=torch.uint8).share_memory_() for _ in range(world)]
+    check_triton_version()  # here, before any rank starts, so the message is not a rank's traceback
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    arenas = [_shared_zeros(ARENA_BYTES) for _ in range(world)]
     barrier = context.Barrier(world)
     results = context.Queue()
     procs = [context.Process(target=_rank_main, args=(fn, r, world, arenas, barrier, results, args), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
+    # The forkserver starts with the first rank and keeps the environment it started with; this
+    # process keeps its own, so kernels it builds later are not turned into interpreted ones.
+    with _interpreter_environment():
+        for p in procs:
+            p.start()
     out, failures = {}, []
     try:
         for _ in range(world):
@@ -105,3 +125,25 @@ def run_ranks(fn, world: int, *args, timeout_s: float = 600.0) -> list:
         rank, message = sorted(failures)[0]
         raise RuntimeError(f"rank {rank}: {message}" if rank >= 0 else message)
     return [out[r] for r in range(world)]
+
+
+def _shared_zeros(nbytes: int) -> torch.Tensor:
+    """Zeroed shared memory whose pages are touched only when used (`zeros().share_memory_()` fills
+    and copies every byte: seconds per rank for an arena that is mostly never used)."""
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)  # what share_memory_() allocates with
+    if new_shared is None:
+        return torch.zeros(nbytes, dtype=torch.uint8).share_memory_()
+    return torch.empty(0, dtype=torch.uint8).set_(new_shared(nbytes))  # a fresh shared-memory file reads as zeros
+
+
+@contextlib.contextmanager
+def _interpreter_environment():
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before

@@ -407,7 +407,7 @@ class Program:
     def check(self) -> None:
         """Wait for this rank's work and raise ScheduleTimeout if a wait gave up."""
         for res in self._resources.values():
-            diag = res["diag"].cpu()
+            diag = res["diag"].cpu().clone()  # on a CPU, .cpu() is the buffer itself, zeroed below
             if int(diag[sync.DIAG_FLAG]):
                 res["diag"].zero_()
                 edge = int(diag[sync.DIAG_EDGE])

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 import torch
 
 from tiledsl import pipeline
+from tiledsl.diagnostics import TdsError, error
 from tiledsl.runtime.reference import Reference
 
 # The interpreter computes bf16 `tl.dot` wrongly (triton 3.9); emulation runs bf16 tensors as float32.
 EMULATED_DTYPES = {"bfloat16": "float32"}
+EMULATED_WORLD = 2  # ranks when `tiledsl run` is given no --world
 TOLERANCE = {"float64": 1e-9, "float32": 2e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
@@ -44,7 +46,7 @@ def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict) -
     return inputs
 
 
-def _emulated_rank(heap, source: str, consts: dict, sizes: dict, inputs: list[dict], calls: int,
+def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], inputs: list[dict], calls: int,
                    dtype_map: dict, timeout_s: float):
     """One emulated rank: compile in the interpreter, run `calls` times on poisoned outputs."""
     import tiledsl
@@ -52,8 +54,7 @@ def _emulated_rank(heap, source: str, consts: dict, sizes: dict, inputs: list[di
     program = tiledsl.compile(source, heap, emulated=True, dtype_override=override, wait_timeout_s=timeout_s,
                               **consts)
     mine = inputs[heap.rank]
-    reference = Reference(program_schedule(source), heap.world, sizes, consts)
-    shapes = reference.shapes(heap.rank)
+    shapes = shapes[heap.rank]
     outputs = {}
     for _ in range(calls):
         args = {}
@@ -78,33 +79,73 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
                  consts: dict | None = None, timeout_s: float = 20.0) -> list[Verdict]:
     """Run a program on `world` emulated ranks and compare each output with the reference."""
     from tiledsl.runtime.emulate import run_ranks
-    from tiledsl.schedule.instances import default_sizes
     schedule = program_schedule(source)
     consts = consts or {}
-    sizes = {**default_sizes(schedule, world), **(sizes or {})}
+    sizes = launch_sizes(schedule, world, sizes or {}, consts)
     inputs = make_inputs(schedule, world, sizes, seed, EMULATED_DTYPES)
-    results = run_ranks(_emulated_rank, world, os.fspath(source), consts, sizes, inputs, calls, EMULATED_DTYPES,
+    reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES)
+    shapes = [reference.shapes(rank) for rank in range(world)]
+    results = run_ranks(_emulated_rank, world, os.fspath(source), consts, shapes, inputs, calls, EMULATED_DTYPES,
                         timeout_s)
-    expected = Reference(schedule, world, sizes, consts, EMULATED_DTYPES).run(inputs)
+    expected = reference.run(inputs)
     verdicts = []
     for name, tensor in schedule.tensors.items():
         if tensor.role.value not in ("out", "inout"):
             continue
-        worst = 0.0
-        for rank in range(world):
-            got = torch.from_numpy(results[rank][name]).double()
-            want = expected[rank][name]
-            if torch.isnan(got).any():
-                worst = float("inf")
-                break
-            scale = want.abs().max().item() or 1.0
-            worst = max(worst, (got - want).abs().max().item() / scale)
         dtype = EMULATED_DTYPES.get(tensor.dtype, tensor.dtype)
         note = f", world {world}, {', '.join(f'{k}={v}' for k, v in sizes.items())}"
         if dtype != tensor.dtype:
             note += f"; emulated in {dtype} for {tensor.dtype}"
-        verdicts.append(Verdict(name, worst <= TOLERANCE[dtype], worst, note))
+        got = [torch.from_numpy(results[rank][name]) for rank in range(world)]
+        verdicts.append(compare(name, got, [expected[rank][name] for rank in range(world)], dtype, note))
     return verdicts
+
+
+def launch_sizes(schedule, world: int, given: dict, consts: dict) -> dict:
+    """The given sizes, the rest from `default_sizes`; sizes the program cannot run at are reported
+    against the .tds line that needs them, before any rank starts."""
+    from tiledsl.schedule.instances import compile_exprs, default_sizes, size_symbols
+    program = schedule.program
+    unknown = sorted(set(given) - set(schedule.params))
+    if unknown:
+        raise TdsError([error(f"no param named {', '.join(unknown)}; the params are "
+                              f"{', '.join(schedule.params) or 'none'}", program.name.span)],
+                       program.path, program.source)
+    try:
+        sizes = {**default_sizes(schedule, world), **given}
+    except ValueError as why:
+        if set(given) != set(schedule.params):
+            raise TdsError([error(f"{why}: give every param (--size NAME=VALUE)", program.name.span)],
+                           program.path, program.source) from None
+        sizes = dict(given)
+    values = (*(sizes[p] for p in schedule.params), *(consts.get(c, v) for c, v in schedule.consts.items()), world)
+    holds = compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))(*values)
+    shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    broken = {(c.message, c.span): error(f"{c.message} (at {shown}, world {world})", c.span)
+              for c, ok in zip(schedule.conditions, holds) if not ok}
+    if broken:
+        raise TdsError(list(broken.values()), program.path, program.source)
+    return sizes
+
+
+def compare(tensor: str, got: list[torch.Tensor], want: list[torch.Tensor], dtype: str, note: str = "") -> Verdict:
+    """The verdict on one output, over every rank's copy: the largest error relative to that rank's
+    largest expected magnitude, against the tolerance of `dtype`. Outputs start poisoned with NaN, so
+    a NaN is an element that nothing wrote: always a mismatch, however small the rest of the error."""
+    worst, unwritten = 0.0, 0
+    for mine, expected in zip(got, want, strict=True):
+        mine, expected = mine.double(), expected.double()
+        if mine.shape != expected.shape:
+            return Verdict(tensor, False, float("inf"),
+                           f"{note}; shape {list(mine.shape)}, expected {list(expected.shape)}")
+        unwritten += int(torch.isnan(mine).sum())
+        if mine.numel():
+            scale = expected.abs().max().item() or 1.0
+            worst = max(worst, (mine - expected).abs().max().item() / scale)
+    if unwritten:
+        worst = float("inf")
+        note += f"; {unwritten} elements never written (still NaN)"
+    return Verdict(tensor, worst <= TOLERANCE.get(dtype, 0.0), worst, note)
 
 
 def main_run(args) -> int:
@@ -115,7 +156,7 @@ def main_run(args) -> int:
         from tiledsl.runtime.gpu_run import run_gpu
         verdicts = run_gpu(args.file, sizes, args.seed)
     else:
-        verdicts = run_emulated(args.file, args.world, sizes, args.seed)
+        verdicts = run_emulated(args.file, args.world or EMULATED_WORLD, sizes, args.seed)
     for verdict in verdicts:
         print(f"{args.file}: {verdict.line()}")
     return 0 if all(v.ok for v in verdicts) else 1
@@ -123,6 +164,10 @@ def main_run(args) -> int:
 
 def parse_size(text: str) -> tuple[str, int]:
     name, _, value = text.partition("=")
-    if not name or not value.isdigit():
-        raise ValueError(f"--size takes NAME=INTEGER, got {text!r}")
-    return name, int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not name or number <= 0:
+        raise ValueError(f"--size takes NAME=POSITIVE_INTEGER, got {text!r}")
+    return name, number

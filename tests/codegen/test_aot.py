@@ -1,0 +1,60 @@
+"""Every program's kernel compiles for Hopper (sm_90) to a cubin on this CPU-only machine, fits in an
+SM's shared memory, and its matrix products become wgmma (HGMMA in the SASS). About 30 s for all
+programs with a cold Triton cache; `-m "not aot"` leaves them out."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiledsl.api import build_module
+from tiledsl.codegen.aot import report
+
+pytestmark = pytest.mark.aot
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = sorted((ROOT / "programs").glob("*.tds"))
+MATMUL_PROGRAMS = {"ag_gemm", "ag_gemm_push", "gemm", "gemm_rs"}  # at least these; found from the modules
+HOPPER_SHARED_BYTES = 227 * 1024  # the most one block may use on sm_90
+
+
+def has_matmul(module) -> bool:
+    return any(f.matmul for f in module.tds_FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """One compile per program, shared by the tests below."""
+    cache = {}
+
+    def get(path):
+        if path not in cache:
+            module = build_module(path)
+            cache[path] = (module, report(module, "sm_90"))
+        return cache[path]
+    return get
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+def test_kernel_compiles_for_sm90_to_a_cubin_that_fits_an_sm(reports, path):
+    _, row = reports(path)
+    assert row.cubin_bytes > 0
+    assert row.shared_bytes <= HOPPER_SHARED_BYTES, f"{row.shared_bytes} bytes of shared memory"
+    if row.sass:
+        assert 0 < row.registers <= 255
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+def test_matrix_products_become_hgmma_and_nothing_else_does(reports, path):
+    module, row = reports(path)
+    if not row.sass:
+        pytest.skip("cuobjdump is missing: the SASS cannot be read")
+    if has_matmul(module):
+        assert row.hgmma > 0, "the matmul did not become wgmma"
+    else:
+        assert row.hgmma == 0
+
+
+def test_the_gemm_programs_are_the_ones_with_matrix_products():
+    found = {p.stem for p in PROGRAMS if has_matmul(build_module(p))}
+    assert MATMUL_PROGRAMS <= found

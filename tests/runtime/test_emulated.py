@@ -1,0 +1,297 @@
+"""Every program on emulated ranks (Triton's interpreter, one process per rank) against the torch
+reference, at world 2 and 4; schedules broken on purpose end in named errors, not hangs or garbage;
+and `tiledsl run` end to end. Ranks fork from one preloaded server per pytest process, so a run costs
+about a second plus its kernels: the sizes below keep the kernels small too."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiledsl.diagnostics import TdsError
+from tiledsl.runtime import emulate
+from tiledsl.runtime.emulate import run_ranks
+from tiledsl.runtime.reference import Reference
+from tiledsl.runtime.run_program import (
+    EMULATED_DTYPES,
+    Verdict,
+    compare,
+    main_run,
+    make_inputs,
+    program_schedule,
+    run_emulated,
+)
+from tiledsl.schedule.check import _concrete_findings
+from tiledsl.schedule.instances import compile_exprs, default_sizes, instantiate, size_symbols
+
+pytestmark = pytest.mark.emulated
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = sorted((ROOT / "programs").glob("*.tds"))
+BROKEN = ROOT / "tests" / "schedule" / "broken"
+WORLDS = (2, 4)
+
+# Y's last block is never written: the reference leaves it zero, the emulator's poison leaves it NaN.
+PARTIAL = textwrap.dedent("""\
+    program partial
+    param N
+    const BLOCK = 4
+    in  X : f32[N]
+    out Y : f32[N]
+    tile cp[i in N / BLOCK - 1]: Y[i*BLOCK : +BLOCK] = X[i*BLOCK : +BLOCK]
+""")
+
+
+def small_sizes(schedule, world: int) -> dict[str, int]:
+    """`default_sizes`, with each param halved while the launch conditions hold, the checker still finds
+    no error, no index extent falls below 2 (or below its default, where that is smaller), no region
+    is cut at a tensor's end that was whole at the default sizes (a tile cut short can drop rows that
+    the reference drops too), and the param stays at least twice the first value of every tunable
+    (a matmul's k-loop keeps two steps). The interpreter's `tl.dot` takes ~10 ms per block product:
+    at default sizes the GEMM programs at world 4 take minutes, here seconds."""
+    holds = compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))
+    floor = 2 * max((values[0] for values in schedule.tunables.values()), default=1)
+
+    def shape_of(sizes):
+        concrete = instantiate(schedule, world, sizes)
+        least = {(name, n): min(per_rank[n] for per_rank in extents)
+                 for name, extents in concrete.extents.items() for n in range(len(extents[0]))}
+        cut = {(a.region.tensor, a.region.span.line, a.region.span.column) for a in concrete.accesses
+               if any(stop > n for (_, _, stop), n in zip(a.reach, concrete.shapes[a.region.tensor]))}
+        return concrete, least, cut
+
+    sizes = default_sizes(schedule, world)
+    _, default_least, default_cut = shape_of(sizes)
+    for param in schedule.params:
+        while sizes[param] // 2 >= floor:
+            smaller = {**sizes, param: sizes[param] // 2}
+            values = (*(smaller[p] for p in schedule.params), *schedule.consts.values(), world)
+            if not all(holds(*values)):
+                break
+            concrete, least, cut = shape_of(smaller)
+            if any(least[key] < min(2, n) for key, n in default_least.items()) or not cut <= default_cut:
+                break
+            if any(d.severity == "error" for _, d in _concrete_findings(concrete)):
+                break
+            sizes = smaller
+    return sizes
+
+
+# ---- every program matches the reference ----------------------------------------------------------
+
+@pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"world{w}")
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+def test_program_matches_the_reference_on_emulated_ranks(path, world):
+    schedule = program_schedule(path)
+    verdicts = run_emulated(os.fspath(path), world, sizes=small_sizes(schedule, world))
+    outputs = [name for name, t in schedule.tensors.items() if t.role.value in ("out", "inout")]
+    assert [v.tensor for v in verdicts] == outputs
+    assert all(v.ok for v in verdicts), "\n".join(v.line() for v in verdicts)
+
+
+def test_small_sizes_give_every_program_at_most_64_instances_a_rank():
+    # A new program whose sizes cannot be shrunk would make the suite above slow without failing.
+    for path in PROGRAMS:
+        schedule = program_schedule(path)
+        for world in WORLDS:
+            concrete = instantiate(schedule, world, small_sizes(schedule, world))
+            assert len(concrete.instances) <= 64 * world, (path.name, world, concrete.sizes)
+
+
+def test_small_sizes_keep_two_steps_of_every_index_and_of_the_k_loop():
+    sizes = small_sizes(program_schedule(ROOT / "programs" / "ag_gemm.tds"), 2)
+    assert sizes == {"M": 256, "K": 128, "N": 512}  # mm: 2 x 2 tiles of 128 x 256, 2 k-steps of 64
+
+
+# ---- known limits of the interpreter --------------------------------------------------------------
+
+def test_bf16_runs_as_float32_and_the_verdict_says_so(tmp_path):
+    (verdict,) = run_emulated(os.fspath(ROOT / "programs" / "copy.tds"), 2, sizes={"N": 2048})
+    assert verdict.ok
+    assert "emulated in float32 for bfloat16" in verdict.line()
+    (path := tmp_path / "copy_f32.tds").write_text(PARTIAL.replace("N / BLOCK - 1", "cdiv(N, BLOCK)"))
+    (f32,) = run_emulated(os.fspath(path), 2, sizes={"N": 10})
+    assert f32.ok and "emulated in" not in f32.line()
+
+
+def test_an_untested_triton_is_refused_before_any_rank_starts(monkeypatch):
+    import triton
+    monkeypatch.setattr(triton, "__version__", "3.3.1")
+    monkeypatch.setattr(emulate.multiprocessing, "get_context", lambda *_: pytest.fail("a rank was started"))
+    with pytest.raises(RuntimeError, match=r"emulation was tested with triton 3\.4, .*; this is triton 3\.3\.1"):
+        run_emulated(os.fspath(ROOT / "programs" / "copy.tds"), 2)
+
+
+def test_a_later_triton_minor_is_not_taken_for_a_tested_one(monkeypatch):
+    import triton
+    monkeypatch.setattr(triton, "__version__", "3.40.0")  # starts with "3.4", which is tested
+    with pytest.raises(RuntimeError, match="this is triton 3.40.0"):
+        emulate.check_triton_version()
+
+
+def test_emulation_leaves_this_process_environment_alone(monkeypatch):
+    # Kernels built in this process afterwards (the AOT tests) must not turn into interpreted ones.
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    run_emulated(os.fspath(ROOT / "programs" / "copy.tds"), 2, sizes={"N": 2048})
+    assert "TRITON_INTERPRET" not in os.environ
+
+
+# ---- schedules broken on purpose ------------------------------------------------------------------
+
+def _rank_with_a_family_left_out(heap, source: str, skip: tuple, shapes: list, inputs: list):
+    """One rank of a program compiled without the families in `skip`: its consumers must time out."""
+    import tiledsl
+    from tiledsl.runtime.launch import ScheduleTimeout
+    program = tiledsl.compile(source, heap, emulated=True, wait_timeout_s=0.2, skip=skip,
+                              dtype_override={k: getattr(torch, v) for k, v in EMULATED_DTYPES.items()})
+    args = {spec.name: inputs[heap.rank][spec.name].clone() if spec.name in inputs[heap.rank] else
+            torch.full(shapes[heap.rank][spec.name], float("nan")) for spec in program.callers}
+    try:
+        program(**args)
+    except ScheduleTimeout as timeout:
+        return f"ScheduleTimeout: {timeout}"
+    finally:
+        heap.close()
+    return "finished"
+
+
+LEFT_OUT = [
+    ("ag_gemm", ("gather",), "mm[i, j] after gather[(i*BM) / Ms]"),
+    ("allreduce", ("push",), "add[i] after push[*], push[rank] @ every rank"),
+]
+TIMEOUT = re.compile(r"ScheduleTimeout: rank (?P<rank>\d+) timed out waiting on edge (?P<edge>\d+): (?P<text>.*) "
+                     r"\(waiting instance \d+, expected epoch (?P<expected>\d+), saw (?P<seen>\d+)\)")
+
+
+def timeouts_with_a_family_left_out(name: str, skip: tuple, world: int = 2) -> list[re.Match]:
+    path = ROOT / "programs" / f"{name}.tds"
+    schedule = program_schedule(path)
+    sizes = small_sizes(schedule, world)
+    reference = Reference(schedule, world, sizes)
+    inputs = make_inputs(schedule, world, sizes, seed=0, dtype_map=EMULATED_DTYPES)
+    messages = run_ranks(_rank_with_a_family_left_out, world, os.fspath(path), skip,
+                         [reference.shapes(r) for r in range(world)], inputs, timeout_s=120)
+    found = [TIMEOUT.fullmatch(message) for message in messages]
+    assert all(found), messages
+    return found
+
+
+@pytest.mark.parametrize("name, skip, edge_text", LEFT_OUT, ids=[n for n, _, _ in LEFT_OUT])
+def test_a_family_left_out_makes_every_rank_time_out_naming_the_edge(name, skip, edge_text):
+    path = ROOT / "programs" / f"{name}.tds"
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if edge_text in text)
+    edges = [n for n, e in enumerate(program_schedule(path).edges) if e.span.line == line]
+    for found in timeouts_with_a_family_left_out(name, skip):
+        assert int(found["edge"]) in edges
+        assert found["text"] == f"{path}:{line} {edge_text}"
+
+
+@pytest.mark.parametrize("name, skip, edge_text", LEFT_OUT[:1], ids=[n for n, _, _ in LEFT_OUT[:1]])
+def test_a_timeout_names_the_rank_that_waited_and_the_epochs(name, skip, edge_text):
+    for rank, found in enumerate(timeouts_with_a_family_left_out(name, skip)):
+        assert int(found["rank"]) == rank
+        assert (found["expected"], found["seen"]) == ("1", "0")  # first call: the signal never came
+
+
+@pytest.mark.parametrize("broken, what", [("allreduce_overwrite.tds", "race"), ("ring_cycle.tds", "deadlock")])
+def test_a_broken_schedule_is_refused_by_the_checker_before_any_rank_runs(monkeypatch, broken, what):
+    monkeypatch.setattr(emulate, "run_ranks", lambda *_, **__: pytest.fail("ranks were started"))
+    with pytest.raises(TdsError) as raised:
+        run_emulated(os.fspath(BROKEN / broken), 2)
+    text = raised.value.render()
+    expected = re.search(r"# expect: (\d+:\d+) (.*)", (BROKEN / broken).read_text())
+    assert f"{BROKEN / broken}:{expected[1]}: error: {expected[2]}" in text
+    assert what in expected[2]
+    assert "Traceback" not in text
+
+
+def test_sizes_the_program_cannot_run_at_are_reported_at_the_line_that_needs_them(monkeypatch):
+    monkeypatch.setattr(emulate, "run_ranks", lambda *_, **__: pytest.fail("ranks were started"))
+    path = ROOT / "programs" / "ag_gemm.tds"
+    with pytest.raises(TdsError) as raised:
+        run_emulated(os.fspath(path), 2, sizes={"M": 100})
+    (diagnostic,) = raised.value.diagnostics
+    assert diagnostic.message.startswith("M/world must be divisible by BM (at M=100, ")
+    assert path.read_text().splitlines()[diagnostic.span.line - 1].startswith("tile  mm[")
+    with pytest.raises(TdsError, match="no param named Q; the params are M, K, N"):
+        run_emulated(os.fspath(path), 2, sizes={"Q": 3})
+
+
+# ---- the comparison is not vacuous ----------------------------------------------------------------
+
+def test_an_output_never_written_is_a_mismatch_end_to_end(tmp_path):
+    (path := tmp_path / "partial.tds").write_text(PARTIAL)
+    (verdict,) = run_emulated(os.fspath(path), 2, sizes={"N": 12})
+    assert not verdict.ok
+    assert "Y: MISMATCH" in verdict.line()
+    assert "8 elements never written (still NaN)" in verdict.line()  # 4 per rank
+
+
+def test_compare_tolerates_rounding_and_nothing_more():
+    want = [torch.tensor([1.0, -2.0, 4.0]), torch.tensor([0.0, 0.0, 0.0])]
+    assert compare("Y", [w.clone() for w in want], want, "float32").ok
+    assert compare("Y", [want[0] + 1e-4, want[1]], want, "float32").ok  # 2.5e-5 relative to max |4|
+    off = compare("Y", [want[0], torch.tensor([0.0, 1e-2, 0.0])], want, "float32")
+    assert not off.ok and off.max_error == pytest.approx(1e-2)  # an all-zero rank is measured absolutely
+    assert compare("Y", [want[0] * 1.01, want[1]], want, "bfloat16").ok
+    assert not compare("Y", [want[0] * 1.01, want[1]], want, "float32").ok
+
+
+def test_compare_calls_a_single_nan_a_mismatch():
+    want = [torch.ones(4), torch.ones(4)]
+    poisoned = torch.ones(4)
+    poisoned[2] = float("nan")
+    verdict = compare("C", [torch.ones(4), poisoned], want, "bfloat16", ", world 2")
+    assert not verdict.ok
+    assert verdict.line() == "C: MISMATCH (max relative error inf, world 2; 1 elements never written (still NaN))"
+
+
+def test_compare_calls_a_wrong_shape_a_mismatch():
+    verdict = compare("C", [torch.ones(2, 3)], [torch.ones(3, 2)], "float32")
+    assert not verdict.ok and "shape [2, 3], expected [3, 2]" in verdict.line()
+
+
+def test_verdict_line_format():
+    assert Verdict("X", True, 1.5e-8, ", world 4, N=8").line() == "X: ok (max relative error 1.50e-08, world 4, N=8)"
+
+
+# ---- `tiledsl run` --------------------------------------------------------------------------------
+
+def test_tiledsl_run_prints_one_verdict_per_output_and_exits_0():
+    path = ROOT / "programs" / "allreduce_rmsnorm.tds"  # two outputs, R and Y
+    done = subprocess.run([sys.executable, "-m", "tiledsl", "run", os.fspath(path), "--world", "2",
+                           "--size", "T=3", "--size", "D=40", "--emulate"],
+                          capture_output=True, text=True, check=False, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [re.match(rf"{re.escape(os.fspath(path))}: (\w+): ok \(", line)[1] for line in lines] == ["R", "Y"]
+    assert all("world 2, T=3, D=40" in line for line in lines)
+
+
+def test_tiledsl_run_exits_1_on_a_mismatch(capsys, tmp_path):
+    from tiledsl.cli import main
+    (path := tmp_path / "partial.tds").write_text(PARTIAL)
+    assert main(["run", os.fspath(path), "--world", "2", "--size", "N=8"]) == 1
+    assert capsys.readouterr().out.startswith(f"{path}: Y: MISMATCH (max relative error inf")
+
+
+def test_tiledsl_run_of_a_broken_schedule_shows_the_diagnostic_and_exits_1(capsys):
+    from tiledsl.cli import main
+    assert main(["run", os.fspath(BROKEN / "ring_cycle.tds"), "--world", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "error: deadlock: a cycle of waits" in err and "Traceback" not in err
+
+
+def test_main_run_takes_sizes_as_text_and_defaults_the_world(capsys):
+    args = Namespace(file=os.fspath(ROOT / "programs" / "copy.tds"), world=None, size=["N=1024"], emulate=True,
+                     seed=3)
+    assert main_run(args) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{args.file}: Y: ok (max relative error 0.00e+00, world 2, N=1024; emulated in float32 for bfloat16)"]
