@@ -12,9 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import Checks, start  # noqa: E402
+
 import tiledsl
 from tiledsl.collectives import AllReduce
-from tiledsl.runtime.heap import disable_multicast, open_heap
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
 CALLS = 100
@@ -101,31 +103,10 @@ def allreduce_rmsnorm_check(heap, T, D, dtype):
 
 
 def main() -> int:
-    disable_multicast()
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", HEAP_BYTES)
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    torch.manual_seed(4321 + rank)
-    heap = open_heap()
-    if rank == 0:
-        print(f"heap: {type(heap).__name__}, world {world}", flush=True)
-    failures = 0
-
-    def record(name, check):
-        nonlocal failures
-        try:
-            check()
-            mine = (True, "")
-        except Exception as error:  # noqa: BLE001 - reported, not hidden
-            mine = (False, f"{type(error).__name__}: {str(error)[:400]}")
-        everyone = [None] * world
-        dist.all_gather_object(everyone, mine)
-        ok = all(o for o, _ in everyone)
-        failures += not ok
-        if rank == 0:
-            detail = "" if ok else " -- " + next(m for o, m in everyone if not o)
-            print(f"{'PASS' if ok else 'FAIL'} {name}{detail}", flush=True)
+    rank, world, heap = start(4321)
+    checks = Checks()
+    record = checks.record
 
     allreduce = AllReduce(heap)
     for dtype in DTYPES:
@@ -150,12 +131,7 @@ def main() -> int:
         for T, D in [(1, 8192), (7, 8192), (128, 8192), (2048, 8192), (333, 1000)]:
             record(f"allreduce_rmsnorm {tag} T={T} D={D}", allreduce_rmsnorm_check(heap, T, D, dtype))
 
-    dist.barrier()
-    heap.close()
-    dist.destroy_process_group()
-    if rank == 0:
-        print(f"{failures} failed", flush=True)
-    return 1 if failures else 0
+    return checks.finish(heap)
 
 
 if __name__ == "__main__":

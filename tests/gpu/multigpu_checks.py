@@ -1,15 +1,16 @@
 """Multi-GPU checks, run under torchrun: every program and engine against torch.distributed on fresh
 random bf16 inputs, outputs poisoned (NaN) before every call, 100 calls back to back with no reset,
 a schedule broken on purpose, and launch-time validation. Rank 0 prints one PASS/FAIL line a check."""
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import Checks, start  # noqa: E402
+
 import tiledsl
-from tiledsl.runtime.heap import disable_multicast, open_heap
 from tiledsl.runtime.launch import LaunchError, ScheduleTimeout
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
@@ -74,30 +75,9 @@ def collective_check(name, world, heap, shape_in, reference, out_shape=None):
 
 
 def main() -> int:
-    disable_multicast()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    torch.manual_seed(1234 + rank)
-    heap = open_heap()
-    if rank == 0:
-        print(f"heap: {type(heap).__name__}, world {world}", flush=True)
-    failures = 0
-
-    def record(name, check):
-        nonlocal failures
-        try:
-            check()
-            mine = (True, "")
-        except Exception as error:  # noqa: BLE001 - reported, not hidden
-            mine = (False, f"{type(error).__name__}: {str(error)[:400]}")
-        everyone = [None] * world
-        dist.all_gather_object(everyone, mine)
-        ok = all(o for o, _ in everyone)
-        failures += not ok
-        if rank == 0:
-            detail = "" if ok else " -- " + next(m for o, m in everyone if not o)
-            print(f"{'PASS' if ok else 'FAIL'} {name}{detail}", flush=True)
+    rank, world, heap = start(1234)
+    checks = Checks()
+    record = checks.record
 
     shapes = [(4096, 2048, 2048), (384 * world, 1000, 1000)]  # the second divides into no tile evenly
     ag = (PROGRAMS / "ag_gemm.tds").read_text()
@@ -159,12 +139,7 @@ def main() -> int:
         raise AssertionError("a float32 A was accepted")
     record("launch validation names the wrong tensor", validation)
 
-    dist.barrier()
-    heap.close()
-    dist.destroy_process_group()
-    if rank == 0:
-        print(f"{failures} failed", flush=True)
-    return 1 if failures else 0
+    return checks.finish(heap)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""The multi-GPU checks as pytest tests: each script runs under torchrun at world 2 and, where there
+are 4 GPUs, at world 4. Skipped cleanly on machines with fewer than 2 GPUs (CI, laptops); the harness
+they share is checked on CPU ranks with gloo."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = Path(__file__).parent
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+WORLDS = [w for w in (2, 4) if w <= GPUS]
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(GPUS < 2, reason="needs at least 2 GPUs")
+@pytest.mark.parametrize("world", WORLDS or [2])
+@pytest.mark.parametrize("script", ["multigpu_checks.py", "collectives_checks.py"])
+def test_checks_pass_under_torchrun(script, world):
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", str(HERE / script)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "0 failed" in done.stdout
+
+
+def _harness_rank(rank, world, port, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    sys.path.insert(0, str(HERE))
+    from harness import Checks, start
+
+    start(0, backend="gloo")
+    checks = Checks()
+    passed = checks.record("passes everywhere", lambda: None)
+
+    def fails_on_rank_1():
+        assert dist.get_rank() != 1, "rank 1 disagrees"
+    failed = checks.record("fails on one rank", fails_on_rank_1)
+    results.put((rank, passed, failed, checks.finish(None)))
+
+
+def test_a_check_failing_on_one_rank_fails_for_all(capfd):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = 29500 + os.getpid() % 1000
+    procs = [context.Process(target=_harness_rank, args=(r, 2, port, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert got == [(0, True, False, 1), (1, True, False, 1)]
+    out = capfd.readouterr().out
+    assert "PASS passes everywhere" in out and "FAIL fails on one rank -- AssertionError: rank 1 disagrees" in out
