@@ -12,7 +12,7 @@ def geomean(values):
 
 
 def overlap_table(rows, op):
-    lines = [f"| model (N, K) | tiledsl | sequential | async-TP | cuBLAS alone | vs sequential | vs async-TP | overlap eff. |",
+    lines = ["| model (N, K) | tiledsl | sequential | async-TP | cuBLAS alone | vs sequential | vs async-TP | overlap eff. |",
              "|---|---|---|---|---|---|---|---|"]
     mine = [r for r in rows if r["op"] == op]
     for r in mine:

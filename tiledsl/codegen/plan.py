@@ -59,13 +59,6 @@ class FamilyPlan:
     def slots(self) -> str:
         return f"({self.count}) * {self.split}"
 
-    def __getattr__(self, name):
-        # the template reads a chunk's copy fields (rows, src_index, ...) as the family's own
-        copy = self.__dict__.get("copy")
-        if copy is not None and name in copy:
-            return copy[name]
-        raise AttributeError(name)
-
 
 @dataclass
 class TensorPlan:

@@ -7,9 +7,7 @@ process per rank) the families run one after another in dependency order, each i
 legal serialisation of the same schedule, since every edge points forward in that order."""
 from __future__ import annotations
 
-import itertools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -419,4 +417,4 @@ class Program:
 
 
 __all__ = ["Program", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "linear", "unlinear",
-           "pow2_at_least", "itertools"]
+           "pow2_at_least", "kernel_options"]
