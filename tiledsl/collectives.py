@@ -13,10 +13,10 @@ import tiledsl
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 ALGORITHMS = {"one_shot": PROGRAMS / "allreduce.tds", "two_shot": PROGRAMS / "allreduce_two_shot.tds"}
-# Bytes from which two-shot is used. Provisional: one-shot sends (world-1) times the message and wins
-# while latency dominates; the crossover is to be measured on H200s with bench/bench_collectives.py
-# (its `auto` column and the one-shot/two-shot columns) and this constant set from it.
-DEFAULT_THRESHOLD_BYTES = 512 * 1024
+# Bytes from which two-shot is used. One-shot sends (world-1) times the message and wins while latency
+# dominates. Measured on 4x H200 (bench/results/2026-11-29/collectives_world4.json): 512 KB one-shot
+# 0.148 ms vs two-shot 0.151; 1 MB one-shot 0.191 vs two-shot 0.162.
+DEFAULT_THRESHOLD_BYTES = 1024 * 1024
 DECLARED_DTYPE = torch.bfloat16  # the dtype the programs declare; others run through dtype_override
 
 
