@@ -492,3 +492,19 @@ def test_launch_condition_on_consts_alone_that_fails_is_an_error():
         """)
     error = the_error(source, "B must be divisible by C, and it is not (B = 4, C = 3)")
     assert at(error) == (6, 13)
+
+
+# ---- orders that make tiles wait ---------------------------------------------------------------------
+
+def test_a_chunk_running_in_another_order_than_its_tiles_need_is_a_warning():
+    source = AG_GEMM.replace("order gather by (s - rank) mod world\n", "")
+    found = run(source, until="check").warnings
+    (late,) = [w for w in found if "do not arrive in the order" in w.message]
+    assert late.message.startswith("mm[2, 0] on rank 1 runs first but waits for gather[1] on rank 1, which "
+                                   "'gather' runs 2nd of 2")
+    assert at(late) == (line_of(source, "mm[i, j] after"), 16)
+    assert late.hint == "order 'gather' the way 'mm' uses it, e.g. `order gather by ...`"
+
+
+def test_a_chunk_ordered_like_its_tiles_draws_no_warning():
+    assert not run(AG_GEMM, until="check").warnings

@@ -48,6 +48,7 @@ def _concrete_findings(concrete: Concrete):
     yield from _bounds(concrete)
     yield from _orphans(concrete)
     yield from _self_waits(concrete)
+    yield from _order_mismatch(concrete)
     successors, via = _graph(concrete)
     order = _topological(successors)
     if len(order) < len(successors):
@@ -235,6 +236,39 @@ def _self_waits(concrete: Concrete):
                 f"deadlock: {_at(consumer)} waits for {what} in the order of '{edge.consumer}' "
                 f"(at {_sizes_text(concrete)})", edge.span,
                 hint="a family runs its instances in order: it may only wait on its earlier instances")
+
+
+def _order_mismatch(concrete: Concrete):
+    """A tile that waits on a chunk of its own rank should find first what it needs first: if the chunk
+    runs its instances in another order, the tile's first instances wait behind transfers they do not
+    need (seen on H200: ag_gemm gathering in index order left rank 3 waiting for every copy, and the
+    entry barrier made every rank pay it). A warning, since the schedule is still correct."""
+    schedule = concrete.schedule
+    for wait in concrete.waits:
+        edge = schedule.edges[wait.edge]
+        consumer, producer = schedule.families[edge.consumer], schedule.families[edge.producer]
+        if (edge.ranks is not ir.RankSet.LOCAL or None in edge.index_map or consumer.kind is not ir.Kind.TILE
+                or producer.kind is not ir.Kind.CHUNK):
+            continue
+        rank = concrete.instances[wait.consumer].rank
+        mine = concrete.ranges[edge.consumer][rank]
+        if wait.consumer != min(mine, key=concrete.order.__getitem__):
+            continue  # judged by the instance that runs first on this rank
+        chunks = concrete.ranges[edge.producer][rank]
+        ranked = sorted(chunks, key=concrete.order.__getitem__)
+        needed = max(ranked.index(p) for p in wait.producers)
+        if needed > 0:
+            first = concrete.instances[wait.consumer]
+            late = concrete.instances[ranked[needed]]
+            yield ("order", wait.edge), warning(
+                f"{_at(first)} runs first but waits for {_at(late)}, which '{producer.name}' runs "
+                f"{_ordinal(needed + 1)} of {len(ranked)}: the chunks do not arrive in the order the tiles "
+                f"use them (at {_sizes_text(concrete)})", edge.span,
+                hint=f"order '{producer.name}' the way '{consumer.name}' uses it, e.g. `order {producer.name} by ...`")
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 # ---- the instance graph --------------------------------------------------------------------------
