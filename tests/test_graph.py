@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tiledsl import graph
+from tiledsl import graph, graph_matplotlib
 from tiledsl.pipeline import run
 from tiledsl.schedule import ir
 
@@ -71,7 +71,7 @@ def test_dot_quotes_what_it_labels():
 @pytest.mark.parametrize("source", [*PROGRAMS, KNOTTED], ids=[p.stem for p in PROGRAMS] + ["knotted"])
 def test_matplotlib_layout_never_overlaps_boxes(source):
     nodes, links = graph.graph_of(schedule_of(source))
-    boxes, routed = graph._layout(nodes, links, lambda text, bold: (7.0 * max(map(len, text.split("\n"))),
+    boxes, routed = graph_matplotlib._layout(nodes, links, lambda text, bold: (7.0 * max(map(len, text.split("\n"))),
                                                                     12.0 * (text.count("\n") + 1)))
     assert {n.id for n in nodes} <= set(boxes)
     placed = [b for b in boxes.values() if b.node.kind != "dummy"]
