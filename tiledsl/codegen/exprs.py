@@ -70,7 +70,3 @@ class _Printer:
             return self.print(num)
         return f"(({self.print(num)}) // ({self.print(den)}))"
 
-
-def evaluate(expr, env: dict[str, int]) -> int:
-    """The integer value of an expression at concrete sizes (host side, exact)."""
-    return eval(code(expr, kernel=False), {"min": min, "max": max}, dict(env))  # noqa: S307 - our own printer's output

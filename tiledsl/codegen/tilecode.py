@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import sympy
 
 from tiledsl.codegen.exprs import code
+# the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
+from tiledsl.runtime.launch import pipeline_stages, pow2_at_least
 from tiledsl.schedule import ir
 
 ACTIVATIONS = {
@@ -37,9 +39,6 @@ TL_DTYPES = {"bfloat16": "tl.bfloat16", "float16": "tl.float16", "float32": "tl.
              "uint8": "tl.uint8"}
 
 
-SHARED_MEMORY_BYTES = 220 * 1024  # per SM on Hopper, less what Triton keeps for itself
-
-
 class LoweringError(Exception):
     """The schedule is valid but uses something code generation does not support yet."""
 
@@ -56,13 +55,6 @@ class TileCode:
     lines: list[str] = field(default_factory=list)
     matmul: dict | None = None         # descriptor loads for the product, filled when the tile has one
     constexpr_blocks: dict[str, sympy.Expr] = field(default_factory=dict)  # launch-time block sizes
-
-
-def pow2_at_least(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
 
 
 class TileLowering:
@@ -116,7 +108,7 @@ class TileLowering:
             return False
         bm, bn = int(matmul["block_m"]), int(matmul["block_n"])
         bk = self.consts.get("BK", 64)
-        return 2 * (bm * bk + bk * bn) * 2 + bm * bn * 2 <= SHARED_MEMORY_BYTES
+        return pipeline_stages(bm, bn, bk, tma_store=True) >= 2
 
     def axis(self, size: sympy.Expr, n: int) -> Axis:
         value = size.subs({sympy.Symbol(k, integer=True, positive=True): v for k, v in self.consts.items()})

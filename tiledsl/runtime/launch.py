@@ -89,9 +89,16 @@ def kernel_options(module, env) -> dict:
     matmuls = module.tds_matmuls(env)
     if not matmuls:
         return {"num_warps": 4, "num_stages": 2}
-    stage_bytes = max((bm * bk + bk * bn) * 2 for _, _, bm, bn, bk, _ in matmuls.values())
-    staging = max((bm * bn * 2 if target else 0) for _, _, bm, bn, _, target in matmuls.values())
-    return {"num_warps": 8, "num_stages": max(2, min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes))}
+    stages = min(pipeline_stages(bm, bn, bk, target is not None) for _, _, bm, bn, bk, target in matmuls.values())
+    return {"num_warps": 8, "num_stages": max(2, stages)}
+
+
+def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool) -> int:
+    """Pipeline stages of bf16 [BM, BK] and [BK, BN] blocks that fit in shared memory (at most 4) next
+    to the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only where 2 fit."""
+    stage_bytes = (block_m * block_k + block_k * block_n) * 2
+    staging = block_m * block_n * 2 if tma_store else 0
+    return min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes)
 
 
 class Program:
@@ -417,4 +424,4 @@ class Program:
 
 
 __all__ = ["Program", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "linear", "unlinear",
-           "pow2_at_least", "kernel_options"]
+           "pow2_at_least", "kernel_options", "pipeline_stages"]
