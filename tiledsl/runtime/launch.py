@@ -157,8 +157,9 @@ class Program:
 
     def _sizes(self, tensors: dict[str, torch.Tensor]) -> dict:
         shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+        ranks_of = {name: len(shape) for name, shape in self.module.tds_tensor_shapes(self._dummy_env()).items()}
         for spec in self.callers:
-            expected_rank = len(self.module.tds_tensor_shapes(self._dummy_env())[spec.name])
+            expected_rank = ranks_of[spec.name]
             if len(shapes[spec.name]) != expected_rank:
                 raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected {expected_rank} dimensions, "
                                   f"got shape {list(shapes[spec.name])}")
