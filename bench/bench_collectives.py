@@ -47,28 +47,33 @@ def optional(name, fn):
 
 
 def symm_mem_input(numel, group):
-    """A bf16 input in torch's symmetric memory, which torch.ops.symm_mem's all-reduces need."""
+    """A bf16 buffer in torch's symmetric memory, which torch.ops.symm_mem's all-reduces need."""
     from torch.distributed import _symmetric_memory as symm_mem
     x = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
     symm_mem.rendezvous(x, group)
-    return x.zero_()
+    return x
 
 
 def allreduce_row(allreduce, numel, world, group, reps):
-    # zeros: the timed calls sum in place again and again, and sums of zeros stay finite
-    x = torch.zeros(numel, device="cuda", dtype=torch.bfloat16)
+    # Random data, put back (untimed) before every timed call: each call sums in place, and a sum
+    # repeated a hundred times over would overflow.
+    fresh = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
+    x = torch.empty_like(fresh)
+    refill = lambda: x.copy_(fresh)  # noqa: E731
     row = {"op": "allreduce", "world": world, "bytes": numel * x.element_size(), "auto_algorithm": allreduce.choose(x)}
     for algorithm in ("one_shot", "two_shot", None):
+        refill()
         allreduce(x, algorithm=algorithm)  # checked call: compiles and proves the schedule before timing
         call = lambda algorithm=algorithm: allreduce(x, algorithm=algorithm, check=False)  # noqa: E731
-        row[algorithm or "auto"] = slowest(time_ms(call, reps=reps))
+        row[algorithm or "auto"] = slowest(time_ms(call, reps=reps, before=refill))
         allreduce.check()
-    row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps))
+    row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps, before=refill))
     symm = optional("symm_mem.empty + rendezvous", lambda: symm_mem_input(numel, group))
     ops = {"symm_mem_one_shot": lambda: torch.ops.symm_mem.one_shot_all_reduce(symm, "sum", group),
            "symm_mem_two_shot": lambda: torch.ops.symm_mem.two_shot_all_reduce_(symm, "sum", group)}
     for key, op in ops.items():
-        mine = NAN if not isinstance(symm, torch.Tensor) else optional(key, lambda op=op: time_ms(op, reps=reps))
+        mine = NAN if not isinstance(symm, torch.Tensor) else optional(
+            key, lambda op=op: time_ms(op, reps=reps, before=lambda: symm.copy_(fresh)))
         row[key] = slowest(mine)
     return row
 

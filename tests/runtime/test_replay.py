@@ -1,0 +1,95 @@
+"""The steady-state launch path: after the first call on a GPU the runtime relaunches the compiled
+kernel with the same arguments, only the epoch swapped in. These tests check, without a GPU, that the
+argument list it builds is the one Triton's JIT would pass, for every program in programs/."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiledsl.api import build_module
+from tiledsl.runtime import sync
+from tiledsl.runtime.emulate import EmulatedHeap
+from tiledsl.runtime.launch import Program
+from tiledsl.runtime.reference import Reference
+from tiledsl.runtime.replay import Replay
+from tiledsl.runtime.run_program import make_inputs, program_schedule
+from tiledsl.schedule.instances import default_sizes
+
+PROGRAMS = sorted((Path(__file__).resolve().parents[2] / "programs").glob("*.tds"))
+
+
+class FakeCompiled:
+    """Stands in for triton's CompiledKernel: `compiled[grid](*args)` records what was launched."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append((grid, args))
+
+
+class NoBarrier:
+    def wait(self):
+        pass  # one rank in this process: allocations need no agreement
+
+
+class FakeJit:
+    arg_names = ["x", "n", "tds_epoch", "BLOCK"]
+
+
+def test_replay_passes_arguments_in_parameter_order_and_swaps_only_the_epoch():
+    compiled = FakeCompiled()
+    x = torch.arange(3)
+    replay = Replay(FakeJit(), compiled, (7,), {"BLOCK": 64, "tds_epoch": 1, "n": 5, "x": x, "extra": 0}, "tds_epoch")
+    replay(2)
+    replay(3)
+    assert [grid for grid, _ in compiled.launches] == [(7, 1, 1), (7, 1, 1)]
+    assert [args[2] for _, args in compiled.launches] == [2, 3]
+    assert all(args[0] is x and args[1] == 5 and args[3] == 64 for _, args in compiled.launches)
+
+
+def test_replay_names_a_kernel_argument_it_has_no_value_for():
+    with pytest.raises(KeyError, match="BLOCK"):
+        Replay(FakeJit(), FakeCompiled(), (1,), {"x": 0, "n": 1, "tds_epoch": 1}, "tds_epoch")
+
+
+def test_replay_waits_for_a_kernel_compiled_asynchronously():
+    compiled = FakeCompiled()
+
+    class Future:
+        def result(self):
+            return compiled
+
+    Replay(FakeJit(), Future(), (1,), {"x": 0, "n": 1, "tds_epoch": 1, "BLOCK": 2}, "tds_epoch")(4)
+    assert compiled.launches[0][1][2] == 4
+
+
+def test_the_entry_barrier_arguments_cover_its_parameters():
+    assert len(sync.barrier_all.arg_names) == 7 and sync.barrier_all.arg_names[4] == "epoch"
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+def test_the_launcher_has_a_value_for_every_kernel_parameter(path, monkeypatch):
+    """What the fast path needs of the launcher: a value for each parameter of the generated kernel,
+    by name (the JIT path passes them by position, so a missing one would go unnoticed there)."""
+    monkeypatch.setattr(Program, "_options", lambda self, env: {})  # no NVSHMEM bitcode needed here
+    world = 2
+    schedule = program_schedule(path)
+    sizes = default_sizes(schedule, world)
+    inputs = make_inputs(schedule, world, sizes, seed=0, dtype_map={})
+    arenas = [torch.zeros(256 * 2**20, dtype=torch.uint8) for _ in range(world)]
+    heap = EmulatedHeap(0, world, arenas, barrier=NoBarrier())
+    module = build_module(path.read_text(), {})
+    program = Program(module, heap, emulated=False, num_sms=132)
+    shapes = Reference(schedule, world, sizes).shapes(0)
+    tensors = {}
+    for spec in program.callers:
+        tensors[spec.name] = inputs[0].get(spec.name, torch.empty(shapes[spec.name], dtype=getattr(torch, spec.dtype)))
+    call = program._prepare(tensors, parity=1)
+    if not call.grid:
+        return  # copy-engine only: no kernel to relaunch
+    compiled = FakeCompiled()
+    Replay(module.tds_kernel, compiled, (call.grid,), {**call.kernel_args, **call.roles}, "tds_epoch")(9)
+    (_, args), = compiled.launches
+    assert len(args) == len(module.tds_kernel.arg_names)
+    assert args[module.tds_kernel.arg_names.index("tds_epoch")] == 9
