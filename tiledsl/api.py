@@ -39,15 +39,19 @@ def build_module(source, consts: dict | None = None):
 
 def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: float = 5.0,  # noqa: A001
             dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-            **consts):
+            graphs: bool = True, **consts):
     """Compile a program (a path to a .tds file, or its text) and bind it to this rank.
 
     `heap` is the symmetric heap shared with the other ranks (`tiledsl.runtime.heap.open_heap()` under
     torchrun); `consts` override the program's consts and tunables (`BK=128`). The result is called
     with the program's in/out/inout tensors and returns its out/inout tensors. A wait that runs past
-    `wait_timeout_s` raises ScheduleTimeout naming the rank, edge and epoch. After the first call on
-    a GPU, kernels are relaunched without Triton's argument binding; `replay=False` keeps every
-    launch on the JIT path (to compare, or to rule the fast path out)."""
+    `wait_timeout_s` raises ScheduleTimeout naming the rank, edge and epoch.
+
+    On a GPU the first call with a set of tensors launches through Triton's JIT; the second records
+    the call in a CUDA graph, which later calls replay (`graphs=False`: relaunch the compiled kernels
+    directly instead; `replay=False` too: every launch through the JIT, to compare or to rule the
+    fast paths out)."""
     module = build_module(source, consts)
     return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
-                       dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay)
+                       dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay,
+                       graphs=graphs)

@@ -101,9 +101,10 @@ def test_module_imports_and_describes_the_program(path):
     assert callable(module.tds_load)
 
 
-def test_kernel_never_specialises_on_the_epoch_the_rank_or_the_spin_bound():
+def test_kernel_never_specialises_on_the_rank_or_the_spin_bound_and_reads_the_epoch_from_a_cell():
     kernel = build_module(ROOT / "programs" / "allreduce.tds").tds_kernel
     names = [p.name for p in kernel.params]
     assert set(kernel.do_not_specialize) <= set(names) | set(range(len(names)))
     loose = {p.name for p in kernel.params if p.do_not_specialize}
-    assert {"rank", "tds_epoch", "tds_max_spins"} <= loose
+    assert {"rank", "tds_max_spins"} <= loose
+    assert "tds_epoch_cell" in names and "tds_epoch" not in names

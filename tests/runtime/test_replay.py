@@ -1,5 +1,5 @@
 """The steady-state launch path: after the first call on a GPU the runtime relaunches the compiled
-kernel with the same arguments, only the epoch swapped in. These tests check, without a GPU, that the
+kernel with the same arguments (the epoch is on the device). These tests check, without a GPU, that the
 argument list it builds is the one Triton's JIT would pass, for every program in programs/."""
 from pathlib import Path
 
@@ -34,23 +34,22 @@ class NoBarrier:
 
 
 class FakeJit:
-    arg_names = ["x", "n", "tds_epoch", "BLOCK"]
+    arg_names = ["x", "n", "tds_epoch_cell", "BLOCK"]
 
 
-def test_replay_passes_arguments_in_parameter_order_and_swaps_only_the_epoch():
+def test_replay_passes_arguments_in_parameter_order_every_time():
     compiled = FakeCompiled()
-    x = torch.arange(3)
-    replay = Replay(FakeJit(), compiled, (7,), {"BLOCK": 64, "tds_epoch": 1, "n": 5, "x": x, "extra": 0}, "tds_epoch")
-    replay(2)
-    replay(3)
+    x, cell = torch.arange(3), torch.zeros(1)
+    replay = Replay(FakeJit(), compiled, (7,), {"BLOCK": 64, "tds_epoch_cell": cell, "n": 5, "x": x, "extra": 0})
+    replay()
+    replay()
     assert [grid for grid, _ in compiled.launches] == [(7, 1, 1), (7, 1, 1)]
-    assert [args[2] for _, args in compiled.launches] == [2, 3]
-    assert all(args[0] is x and args[1] == 5 and args[3] == 64 for _, args in compiled.launches)
+    assert all(args[0] is x and args[1] == 5 and args[2] is cell and args[3] == 64 for _, args in compiled.launches)
 
 
 def test_replay_names_a_kernel_argument_it_has_no_value_for():
     with pytest.raises(KeyError, match="BLOCK"):
-        Replay(FakeJit(), FakeCompiled(), (1,), {"x": 0, "n": 1, "tds_epoch": 1}, "tds_epoch")
+        Replay(FakeJit(), FakeCompiled(), (1,), {"x": 0, "n": 1, "tds_epoch_cell": 1})
 
 
 def test_replay_waits_for_a_kernel_compiled_asynchronously():
@@ -60,12 +59,13 @@ def test_replay_waits_for_a_kernel_compiled_asynchronously():
         def result(self):
             return compiled
 
-    Replay(FakeJit(), Future(), (1,), {"x": 0, "n": 1, "tds_epoch": 1, "BLOCK": 2}, "tds_epoch")(4)
-    assert compiled.launches[0][1][2] == 4
+    Replay(FakeJit(), Future(), (1,), {"x": 0, "n": 1, "tds_epoch_cell": 1, "BLOCK": 2})()
+    assert compiled.launches[0][1] == (0, 1, 1, 2)
 
 
-def test_the_entry_barrier_arguments_cover_its_parameters():
-    assert len(sync.barrier_all.arg_names) == 7 and sync.barrier_all.arg_names[4] == "epoch"
+def test_the_entry_kernels_take_the_epoch_cell_where_the_launcher_puts_it():
+    assert sync.barrier_all.arg_names[4] == "epoch_cell" and len(sync.barrier_all.arg_names) == 7
+    assert sync.enter.arg_names == ["epoch_cell"]
 
 
 @pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
@@ -89,7 +89,7 @@ def test_the_launcher_has_a_value_for_every_kernel_parameter(path, monkeypatch):
     if not call.grid:
         return  # copy-engine only: no kernel to relaunch
     compiled = FakeCompiled()
-    Replay(module.tds_kernel, compiled, (call.grid,), {**call.kernel_args, **call.roles}, "tds_epoch")(9)
+    Replay(module.tds_kernel, compiled, (call.grid,), {**call.kernel_args, **call.roles})()
     (_, args), = compiled.launches
     assert len(args) == len(module.tds_kernel.arg_names)
-    assert args[module.tds_kernel.arg_names.index("tds_epoch")] == 9
+    assert args[module.tds_kernel.arg_names.index("tds_epoch_cell")] is program._epoch_cell

@@ -25,7 +25,7 @@ def render(plan: KernelPlan) -> str:
     names = list(plan.params) + ["rank", "world"] + list(plan.consts)
     unpack = "\n".join(f"    {n} = tds_env[{n!r}]" for n in names)
     blocks = [b for f in plan.families for b in f.blocks]
-    scalar_args = ", ".join([f"tds_a[{n!r}]" for n in plan.params + ["rank", "world", "tds_epoch", "tds_diag", "tds_max_spins"]]
+    scalar_args = ", ".join([f"tds_a[{n!r}]" for n in plan.params + ["rank", "world", "tds_epoch_cell", "tds_diag", "tds_max_spins"]]
                             + [f"{n}=tds_a[{n!r}]" for n in list(plan.consts) + blocks])
     text = _environment().get_template("module.py.jinja").render(
         name=plan.name, path=plan.path, source_hash=plan.source_hash, version=plan.version,

@@ -50,15 +50,18 @@ def wait_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
 
 
 class CopyList:
-    """A fixed list of copy-engine chunks, each a copy then its signals, issued again at every call
-    with the epoch as the only change. Contiguous copies go straight to cuMemcpyAsync with driver
-    handles made once, a few microseconds each; anything else takes torch's copy."""
+    """A fixed list of copy-engine chunks, each a copy then its signals, issued the same way at every
+    call. Contiguous copies go straight to cuMemcpyAsync with driver handles made once, a few
+    microseconds each; anything else takes torch's copy. A signal is a 4-byte copy of the epoch cell
+    (which the call's entry kernel advanced) into the slot: like the data, it is the same operation at
+    every call, so the list can be captured in a CUDA graph. Copies on one stream run in order, so the
+    slot changes only once the data before it has landed."""
 
-    def __init__(self, stream: torch.cuda.Stream, ops):
+    def __init__(self, stream: torch.cuda.Stream, ops, epoch_cell: torch.Tensor):
         driver = self._driver = _driver()
         self._stream = driver.CUstream(stream.cuda_stream)
         self._torch_stream = stream
-        self._flags = driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+        self._cell = driver.CUdeviceptr(epoch_cell.data_ptr())
         self._ops = []
         for target, source, addresses in ops:
             for address in addresses:
@@ -72,9 +75,8 @@ class CopyList:
             else:
                 self._ops.append((None, (target, source), signals))
 
-    def issue(self, epoch: int) -> None:
+    def issue(self) -> None:
         """Enqueue every copy and signal on the stream (which must already follow their sources)."""
-        _check_slot(0, epoch)
         driver = self._driver
         for raw, tensors, signals in self._ops:
             if raw is not None:
@@ -83,8 +85,7 @@ class CopyList:
                 with torch.cuda.stream(self._torch_stream):
                     tensors[0].copy_(tensors[1], non_blocking=True)
             for signal in signals:
-                _check(driver, driver.cuStreamWriteValue32(self._stream, signal, epoch, self._flags),
-                       "cuStreamWriteValue32")
+                _check(driver, driver.cuMemcpyAsync(signal, self._cell, 4, self._stream), "cuMemcpyAsync")
 
 
 def copy_and_signal(stream: torch.cuda.Stream, dst: torch.Tensor, src: torch.Tensor, signal_address: int,

@@ -8,6 +8,7 @@ legal serialisation of the same schedule, since every edge points forward in tha
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -35,16 +36,19 @@ class _Call:
     env: dict
     diag: torch.Tensor
     staged: list          # (heap buffer, caller tensor) copied in at the start of each call
-    barrier: tuple        # entry-barrier arguments before the epoch
+    barrier: tuple        # entry-barrier arguments before the epoch cell
     kernel_args: dict
     copies: dict          # copy-engine family -> [(target, source, signals)] in order
     roles: dict | None
     grid: int
     options: dict
-    # after the first call on a GPU: the compiled barrier and kernel relaunched directly, the copies prepared
-    barrier_replay: Replay | None = None
+    # after the first call on a GPU: the compiled entry and kernel relaunched directly, the copies
+    # prepared; from the second, the whole call replayed from a CUDA graph
+    issued: bool = False
+    enter_replay: Replay | None = None
     kernel_replay: Replay | None = None
     copy_list: object = None
+    graph: object = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class Program:
 
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
                  dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-                 **consts):
+                 graphs: bool = True, **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated and not sync.EMULATED:
@@ -128,6 +132,9 @@ class Program:
         self.skip = set(skip)
         # relaunch compiled kernels directly after the first call (False: every launch through the JIT)
         self.replay = replay and not self.emulated
+        # replay each call from a CUDA graph, captured at the second call with the same tensors
+        self.graphs = graphs and not self.emulated
+        self._epoch_cell = None  # int32 on the device: the epoch the running call's kernels read
         self.epoch = 0
         self.callers = [t for t in module.tds_TENSORS if t.role in ("in", "out", "inout")]
         self._resources: dict = {}
@@ -268,15 +275,15 @@ class Program:
                 self._calls.clear()
             call = self._calls[key] = self._prepare(tensors, parity)
         self.epoch += 1
-        for target, source in call.staged:
-            target.copy_(source)
-        if self.module.tds_DISTRIBUTED:
-            self._enter(call)
-        call.kernel_args["tds_epoch"] = self.epoch
         if self.emulated:
-            self._run_serialised(call)
+            self._issue_serialised(call)
+        elif call.graph is not None:
+            call.graph.replay()
+        elif call.issued and self.graphs:
+            self._capture(call)
         else:
-            self._run_concurrent(call)
+            self._issue(call)
+            call.issued = True
         if check:
             self.check()
         outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
@@ -284,6 +291,8 @@ class Program:
 
     def _prepare(self, tensors, parity: int) -> "_Call":
         env = self._sizes(tensors)
+        if self._epoch_cell is None:
+            self._epoch_cell = torch.zeros(1, dtype=torch.int32, device=self.device)
         res = self._resources_for(env)
         views = dict(tensors)
         staged = []
@@ -304,7 +313,7 @@ class Program:
 
     def _kernel_args(self, env, res, views) -> dict:
         # runtime entries are tds_-prefixed: a program may name a size `epoch` or `diag`
-        a = {**env, **res["blocks"], "tds_epoch": self.epoch, "tds_diag": res["diag"], "tds_max_spins": self.max_spins}
+        a = {**env, **res["blocks"], "tds_epoch_cell": self._epoch_cell, "tds_diag": res["diag"], "tds_max_spins": self.max_spins}
         for spec in self.module.tds_TENSORS:
             a[spec.name] = views[spec.name]
             if spec.peers:
@@ -360,7 +369,11 @@ class Program:
             options["extern_libs"] = nvshmem_device.extern_libs()
         return options
 
-    def _run_serialised(self, call):
+    def _issue_serialised(self, call):
+        """Emulated: the families one after another in dependency order, each in its own launch."""
+        for target, source in call.staged:
+            target.copy_(source)
+        self._enter(call)
         for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
                 continue
@@ -374,37 +387,63 @@ class Program:
                 self.module.tds_launch_kernel((grid,), call.kernel_args, roles, call.options)
 
     def _enter(self, call):
-        """The entry barrier: every rank has staged its inputs and finished reading the last call's."""
-        if call.barrier_replay is not None:
-            call.barrier_replay(self.epoch)
+        """Advance the epoch cell; a program that communicates also passes the entry barrier: every
+        rank has staged its inputs and finished reading the last call's."""
+        if call.enter_replay is not None:
+            call.enter_replay()
             return
-        args = (*call.barrier, self.epoch, call.diag, self.max_spins)
-        compiled = sync.barrier_all[(1,)](*args)
+        if self.module.tds_DISTRIBUTED:
+            function, args = sync.barrier_all, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
+        else:
+            function, args = sync.enter, (self._epoch_cell,)
+        compiled = function[(1,)](*args)
         if self.replay:
-            call.barrier_replay = Replay(sync.barrier_all, compiled, (1,),
-                                         dict(zip(sync.barrier_all.arg_names, args)), "epoch")
+            call.enter_replay = Replay(function, compiled, (1,), dict(zip(function.arg_names, args)))
 
-    def _run_concurrent(self, call):
+    def _issue(self, call):
+        """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
+        the persistent kernel on the current stream, joined at the end."""
         compute = torch.cuda.current_stream()
+        for target, source in call.staged:
+            target.copy_(source)
+        self._enter(call)
         if call.copies:
             from tiledsl.runtime import copy_engine
             if self._comm_stream is None:
                 self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
             if call.copy_list is None:
                 call.copy_list = copy_engine.CopyList(
-                    self._comm_stream, [op for ops in call.copies.values() for op in ops])
+                    self._comm_stream, [op for ops in call.copies.values() for op in ops], self._epoch_cell)
             self._comm_stream.wait_stream(compute)
-            call.copy_list.issue(self.epoch)
+            call.copy_list.issue()
         if call.kernel_replay is not None:
-            call.kernel_replay(self.epoch)
+            call.kernel_replay()
         elif call.grid:
             compiled = self.module.tds_launch_kernel((call.grid,), call.kernel_args, call.roles, call.options)
             if self.replay:
                 call.kernel_replay = Replay(self.module.tds_kernel, compiled, (call.grid,),
-                                            {**call.kernel_args, **call.roles}, "tds_epoch")
+                                            {**call.kernel_args, **call.roles})
         if call.copies:
             # the next call's staging and barrier must come after this call's copies
             compute.wait_stream(self._comm_stream)
+
+    def _capture(self, call):
+        """Record the call into a CUDA graph and run it; later calls with these tensors replay it, one
+        launch from the host. Every argument is the same at every call (the epoch lives on the device),
+        so the graph is valid for as long as the tensors are. If capture fails, launch directly."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread-local: NCCL's watchdog thread may query events while this thread captures
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._issue(call)
+        except Exception as error:  # noqa: BLE001 - a capture that fails costs speed, not results
+            warnings.warn(f"tiledsl: CUDA graph capture failed ({type(error).__name__}: {error}); "
+                          "launching each call directly from now on", stacklevel=3)
+            self.graphs = False
+            self._issue(call)
+            return
+        call.graph = graph
+        graph.replay()
 
     def _copy_ops(self, spec, env, res, views) -> list:
         """(target, source, signals) for each instance in order; signals are (tensor, slot) pairs when

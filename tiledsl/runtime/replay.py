@@ -2,10 +2,10 @@
 
 A call through a `@triton.jit` function binds and specialises every argument before it finds the
 compiled kernel: tens of microseconds for a kernel with forty arguments, more than the whole GPU time
-of a small collective. A program's arguments stay the same from call to call except the epoch, so
-after the first launch the runtime keeps the compiled kernel and its argument list, and a later call
-only swaps the epoch in. The compiled kernel was specialised on these very arguments (the epoch is
-never specialised on), so it is the kernel the JIT would have picked.
+of a small collective. A program's arguments stay the same from call to call (the epoch is read
+from a device cell), so after the first launch the runtime keeps the compiled kernel and its argument
+list and launches it again as it is. The compiled kernel was specialised on these very arguments, so it is the
+kernel the JIT would have picked.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 class Replay:
     """Launch `compiled` on `grid` again with the JIT function's arguments in `values`, by name."""
 
-    def __init__(self, jit_function, compiled, grid: tuple, values: dict, epoch_name: str):
+    def __init__(self, jit_function, compiled, grid: tuple, values: dict):
         if hasattr(compiled, "result"):  # a kernel compiled asynchronously
             compiled = compiled.result()
         names = list(jit_function.arg_names)
@@ -21,9 +21,7 @@ class Replay:
         if missing:
             raise KeyError(f"no value for kernel argument(s) {', '.join(missing)}")
         self.args = [values[n] for n in names]
-        self.epoch_at = names.index(epoch_name)
         self.runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
 
-    def __call__(self, epoch: int) -> None:
-        self.args[self.epoch_at] = epoch
+    def __call__(self) -> None:
         self.runner(*self.args)

@@ -56,10 +56,28 @@ def notify(sig_ptr, epoch):
     tl.atomic_xchg(sig_ptr, epoch, sem="release", scope="sys")
 
 
-@triton.jit(do_not_specialize=["rank", "epoch", "max_spins"])
-def barrier_all(bar_ptr, peers_bar, rank, world, epoch, diag_ptr, max_spins):
-    """Every rank tells every rank it reached this call, then waits to hear from all: inputs are
-    staged everywhere and no rank still reads buffers that this call will overwrite."""
+@triton.jit
+def advance(epoch_cell):
+    """A call's first step on the GPU: the epoch cell moves to this call's epoch, which every later
+    kernel of the call reads. Every thread reads before any writes."""
+    epoch = tl.load(epoch_cell) + 1
+    tl.debug_barrier()
+    tl.store(epoch_cell, epoch)
+    return epoch
+
+
+@triton.jit
+def enter(epoch_cell):
+    """The entry of a call that talks to no other rank."""
+    advance(epoch_cell)
+
+
+@triton.jit(do_not_specialize=["rank", "max_spins"])
+def barrier_all(bar_ptr, peers_bar, rank, world, epoch_cell, diag_ptr, max_spins):
+    """The entry of a call that communicates: advance the epoch, then every rank tells every rank it
+    reached this call and waits to hear from all, so inputs are staged everywhere and no rank still
+    reads buffers that this call will overwrite."""
+    epoch = advance(epoch_cell)
     for r in range(0, world):
         notify(bar_ptr + tl.load(peers_bar + r) + rank, epoch)
     for r in range(0, world):
