@@ -19,6 +19,10 @@ from tiledsl.collectives import AllReduce  # noqa: E402
 from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+# the earlier push-based all-reduces, timed beside the pull-based ones in programs/ (same data)
+EXPERIMENTS = {"push_one_shot": Path(__file__).parent / "experiments" / "allreduce_push.tds",
+               "push_two_shot": Path(__file__).parent / "experiments" / "allreduce_two_shot_push.tds"}
+GEMM_AR_PUSH = Path(__file__).parent / "experiments" / "gemm_ar_push.tds"
 LATENCY_BYTES = [8 << 10 << n for n in range(8)]       # 8 KB .. 1 MB
 BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
 GEMM_M = (1, 8, 32, 64, 128)
@@ -54,7 +58,7 @@ def symm_mem_input(numel, group):
     return x
 
 
-def allreduce_row(allreduce, numel, world, group, reps):
+def allreduce_row(allreduce, experiments, numel, world, group, reps):
     # Random data, put back (untimed) before every timed call: each call sums in place, and a sum
     # repeated a hundred times over would overflow.
     fresh = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
@@ -67,6 +71,11 @@ def allreduce_row(allreduce, numel, world, group, reps):
         call = lambda algorithm=algorithm: allreduce(x, algorithm=algorithm, check=False)  # noqa: E731
         row[algorithm or "auto"] = slowest(time_ms(call, reps=reps, before=refill))
         allreduce.check()
+    for key, program in experiments.items():
+        refill()
+        program(x)
+        row[key] = slowest(time_ms(lambda program=program: program(x, check=False), reps=reps, before=refill))
+        program.check()
     row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps, before=refill))
     symm = optional("symm_mem.empty + rendezvous", lambda: symm_mem_input(numel, group))
     ops = {"symm_mem_one_shot": lambda: torch.ops.symm_mem.one_shot_all_reduce(symm, "sum", group),
@@ -89,7 +98,7 @@ def crossover(rows) -> int | None:
     return found
 
 
-def gemm_ar_row(program, M, world):
+def gemm_ar_row(program, push, M, world):
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     A = torch.randn(M, GEMM_NK // world, **bf16)
     B = torch.randn(GEMM_NK // world, GEMM_NK, **bf16)
@@ -98,6 +107,9 @@ def gemm_ar_row(program, M, world):
     row = {"op": "gemm_ar", "world": world, "M": M, "N": GEMM_NK, "K": GEMM_NK}
     row["tiledsl"] = slowest(time_ms(lambda: program(A, B, C, check=False)))
     program.check()
+    push(A, B, C)
+    row["tiledsl_push"] = slowest(time_ms(lambda: push(A, B, C, check=False)))
+    push.check()
     row["gemm"] = slowest(time_ms(lambda: torch.matmul(A, B, out=C)))
     row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(C)))
 
@@ -123,30 +135,32 @@ def main() -> int:
     except Exception:  # noqa: BLE001 - older torch: the symm_mem baselines report themselves unavailable
         pass
     allreduce = AllReduce(heap)
+    experiments = {key: tiledsl.compile(path, heap) for key, path in EXPERIMENTS.items()}
     rows = []
     if rank == 0:
         print(f"world {world}; auto threshold {allreduce.threshold_bytes} bytes; times in ms, busbw in GB/s",
               flush=True)
     for nbytes in sorted(set(LATENCY_BYTES + BANDWIDTH_BYTES)):
         numel = nbytes // 2
-        row = allreduce_row(allreduce, numel, world, group, reps=30 if nbytes <= 16 << 20 else 10)
+        row = allreduce_row(allreduce, experiments, numel, world, group, reps=30 if nbytes <= 16 << 20 else 10)
         factor = 2 * (world - 1) / world * nbytes / 1e6  # bytes per ms -> GB/s
-        row["busbw"] = {k: factor / row[k] for k in ("one_shot", "two_shot", "auto", "nccl",
+        row["busbw"] = {k: factor / row[k] for k in ("one_shot", "two_shot", "auto", *EXPERIMENTS, "nccl",
                                                       "symm_mem_one_shot", "symm_mem_two_shot")}
         rows.append(row)
         if rank == 0:
             kind = "latency" if nbytes in LATENCY_BYTES else "busbw"
             cells = ", ".join(f"{k} {row[k]:.4f}" + (f" ({row['busbw'][k]:.0f} GB/s)" if kind == "busbw" else "")
-                              for k in ("one_shot", "two_shot", "auto", "nccl", "symm_mem_one_shot",
+                              for k in ("one_shot", "two_shot", "auto", *EXPERIMENTS, "nccl", "symm_mem_one_shot",
                                         "symm_mem_two_shot"))
             print(f"allreduce {nbytes:>10} B [{row['auto_algorithm']}]: {cells} ms", flush=True)
     threshold = crossover(rows)
     gemm_ar = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap)
+    gemm_ar_push = tiledsl.compile(GEMM_AR_PUSH, heap)
     for M in GEMM_M:
-        row = gemm_ar_row(gemm_ar, M, world)
+        row = gemm_ar_row(gemm_ar, gemm_ar_push, M, world)
         rows.append(row)
         if rank == 0:
-            print(f"gemm_ar M={M:<4} N=K={GEMM_NK} world {world}: tiledsl {row['tiledsl']:.4f} ms, "
+            print(f"gemm_ar M={M:<4} N=K={GEMM_NK} world {world}: tiledsl {row['tiledsl']:.4f} ms (push {row['tiledsl_push']:.4f}), "
                   f"sequential {row['sequential']:.4f}, gemm {row['gemm']:.4f}, nccl {row['nccl']:.4f}", flush=True)
     if rank == 0:
         print(f"one-shot/two-shot crossover: {threshold} bytes (DEFAULT_THRESHOLD_BYTES is "

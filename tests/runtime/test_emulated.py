@@ -164,7 +164,7 @@ def _rank_with_a_family_left_out(heap, source: str, skip: tuple, shapes: list, i
 
 LEFT_OUT = [
     ("ag_gemm", ("gather",), "mm[i, j] after gather[(i*BM) / Ms]"),
-    ("allreduce", ("push",), "add[i] after push[*], push[rank] @ every rank"),
+    ("allreduce_two_shot", ("red",), "back[i] after red[((i*BLOCK) mod Ns) / BLOCK] @ ((i*BLOCK) / Ns)"),
 ]
 TIMEOUT = re.compile(r"ScheduleTimeout: rank (?P<rank>\d+) timed out waiting on edge (?P<edge>\d+): (?P<text>.*) "
                      r"\(waiting instance \d+, expected epoch (?P<expected>\d+), saw (?P<seen>\d+)\)")

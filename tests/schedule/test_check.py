@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = sorted((ROOT / "programs").glob("*.tds"))
 BROKEN = sorted((Path(__file__).parent / "broken").glob("*.tds"))
 AG_GEMM = (ROOT / "programs" / "ag_gemm.tds").read_text()
-ALLREDUCE = (ROOT / "programs" / "allreduce.tds").read_text()
+# the push variant of the one-shot all-reduce: a chunk, a staging buffer and edges across ranks
+ALLREDUCE = (ROOT / "bench" / "experiments" / "allreduce_push.tds").read_text()
 
 
 def tds(text: str) -> str:

@@ -135,6 +135,7 @@ class Program:
         # replay each call from a CUDA graph, captured at the second call with the same tensors
         self.graphs = graphs and not self.emulated
         self._epoch_cell = None  # int32 on the device: the epoch the running call's kernels read
+        self._staged: dict = {}  # while preparing a call: the heap copies of staged tensors, by name
         self.epoch = 0
         self.callers = [t for t in module.tds_TENSORS if t.role in ("in", "out", "inout")]
         self._resources: dict = {}
@@ -256,10 +257,16 @@ class Program:
             return self.heap.alloc(shape, dtype)
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
-    def _peer_offsets(self, tensor):
+    def _peer_offsets(self, tensor, shared=None):
+        """Element offsets from `tensor` to each rank's copy of it, or of `shared` (its staged copy)."""
         if self.heap is None:
             return torch.zeros(1, dtype=torch.int64, device=self.device)
-        return self.heap.peer_offsets(tensor)
+        if shared is None:
+            return self.heap.peer_offsets(tensor)
+        delta, rest = divmod(shared.data_ptr() - tensor.data_ptr(), tensor.element_size())
+        if rest:
+            raise LaunchError(f"a tensor's address is not a multiple of its element size ({tensor.element_size()})")
+        return self.heap.peer_offsets(shared) + delta
 
     # ---- one call -------------------------------------------------------------------------------
     def __call__(self, *args, check: bool = True, **kwargs):
@@ -294,12 +301,15 @@ class Program:
         if self._epoch_cell is None:
             self._epoch_cell = torch.zeros(1, dtype=torch.int32, device=self.device)
         res = self._resources_for(env)
+        # A staged tensor has two faces: this rank's own accesses use the caller's tensor (an inout is
+        # written there), peers read the copy staged in the heap at the call's start.
         views = dict(tensors)
+        self._staged = {}
         staged = []
         for spec in self.module.tds_TENSORS:
             if spec.staged:
-                views[spec.name] = res[spec.name][parity]
-                staged.append((views[spec.name], tensors[spec.name]))
+                self._staged[spec.name] = res[spec.name][parity]
+                staged.append((res[spec.name][parity], tensors[spec.name]))
             elif spec.name in res:
                 views[spec.name] = res[spec.name]
         barrier = ()
@@ -317,7 +327,7 @@ class Program:
         for spec in self.module.tds_TENSORS:
             a[spec.name] = views[spec.name]
             if spec.peers:
-                a[f"tds_peers_{spec.name}"] = self._peer_offsets(views[spec.name])
+                a[f"tds_peers_{spec.name}"] = self._peer_offsets(views[spec.name], self._staged.get(spec.name))
         for spec in self.module.tds_FAMILIES:
             if spec.notify:
                 a[f"tds_sig_{spec.name}"] = res[f"sig_{spec.name}"]
@@ -451,7 +461,7 @@ class Program:
         def tensor(name, owner):
             if owner is None or owner == self.rank:
                 return views[name]
-            return self.heap.peer(views[name], owner)
+            return self.heap.peer(self._staged.get(name, views[name]), owner)
 
         signals = res.get(f"sig_{spec.name}")
         view_of = getattr(self.module, f"tds_views_{spec.name}")

@@ -45,6 +45,9 @@ class Reference:
                 tensors[name] = given.double().clone() if given is not None else torch.zeros(shape, dtype=torch.float64)
             state.append(tensors)
         self.state = state
+        # a caller tensor read on a peer (`X@s`) is read from its copy staged at the call's start
+        staged = self.schedule.staged_inputs()
+        self.staged = [{n: tensors[n].clone() for n in staged} for tensors in state]
         for name in dependency_order(self.schedule):
             family = self.schedule.families[name]
             for rank in range(self.world):
@@ -71,7 +74,10 @@ class Reference:
 
     def view(self, region: ir.Region, env: dict, rank: int) -> torch.Tensor:
         owner = rank if region.owner is None else evaluate(region.owner, env)
-        tensor = self.state[owner][region.tensor]
+        if region.owner is not None and region.tensor in self.staged[owner]:
+            tensor = self.staged[owner][region.tensor]
+        else:
+            tensor = self.state[owner][region.tensor]
         index = []
         for dim in region.dims:
             start = evaluate(dim.start, env)
