@@ -1,5 +1,5 @@
-"""Multi-GPU checks of the collective programs, run under torchrun: one-shot and two-shot AllReduce
-(and the launcher's choice between them), GEMM+AllReduce and AllReduce+RMSNorm, against
+"""Multi-GPU checks of the collective programs, run under torchrun: AllGather, ReduceScatter, one-shot
+and two-shot AllReduce (and the launcher's choice between them), GEMM+AllReduce and AllReduce+RMSNorm, against
 torch.distributed and torch ops on fresh random inputs. Each in bf16 (as declared) and fp32 (through
 dtype_override), from 1 KB to 256 MB with sizes that no tile divides; out tensors are poisoned (NaN)
 and inout tensors reset from the input before every call, 100 calls back to back with no reset of the
@@ -61,6 +61,49 @@ def allreduce_check(allreduce: AllReduce, algorithm, numel: int, dtype):
     return run
 
 
+def collective_shapes(nbytes: int, size: int, world: int):
+    """(rows per rank, columns) for a message of `nbytes` (the whole gathered or scattered tensor),
+    then a ragged shape near it: an odd row count and 1000 columns, a multiple of no tile."""
+    numel = nbytes // size
+    cols = 1024 if numel >= 1024 * world else 128
+    rows = max(1, numel // cols // world)
+    return [(rows, cols), (max(1, numel * 3 // 4 // 1000 // world) | 1, 1000)]
+
+
+def allgather_check(heap, world, rows, cols, dtype):
+    def run():
+        program = tiledsl.compile(PROGRAMS / "allgather.tds", heap, dtype_override=override(dtype))
+        X = torch.randn(rows, cols, device="cuda", dtype=dtype)
+        want = torch.empty(rows * world, cols, device="cuda", dtype=dtype)
+        dist.all_gather_into_tensor(want, X)
+        Y = torch.empty_like(want)
+        for n in range(1 + CALLS):
+            Y.fill_(float("nan"))
+            program(X, Y, check=(n == 0))
+            if n == 0:
+                assert torch.equal(Y, want), "gathered rows differ from NCCL's"
+        program.check()
+        assert torch.equal(Y, want), "gathered rows differ from NCCL's after 100 calls"
+    return run
+
+
+def reduce_scatter_check(heap, world, rows, cols, dtype):
+    def run():
+        program = tiledsl.compile(PROGRAMS / "reduce_scatter.tds", heap, dtype_override=override(dtype))
+        X = torch.randn(rows * world, cols, device="cuda", dtype=dtype)
+        want = torch.empty(rows, cols, device="cuda", dtype=torch.float32)
+        dist.reduce_scatter_tensor(want, X.float())
+        Y = torch.empty(rows, cols, device="cuda", dtype=dtype)
+        for n in range(1 + CALLS):
+            Y.fill_(float("nan"))
+            program(X, Y, check=(n == 0))
+            if n == 0:
+                close(Y, want, dtype)
+        program.check()
+        close(Y, want, dtype)
+    return run
+
+
 def gemm_ar_check(heap, world, M, K, N, dtype, **consts):
     def run():
         program = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, dtype_override=override(dtype), **consts)
@@ -107,6 +150,16 @@ def main() -> int:
     rank, world, heap = start(4321)
     checks = Checks()
     record = checks.record
+
+    for dtype in DTYPES:
+        size = torch.empty((), dtype=dtype).element_size()
+        tag = str(dtype).removeprefix("torch.")
+        for nbytes in AR_BYTES:
+            for rows, cols in collective_shapes(nbytes, size, world):
+                record(f"allgather {tag} {rows}x{cols} per rank ({rows * cols * world * size} bytes gathered)",
+                       allgather_check(heap, world, rows, cols, dtype))
+                record(f"reduce_scatter {tag} {rows * world}x{cols} ({rows * cols * world * size} bytes in)",
+                       reduce_scatter_check(heap, world, rows, cols, dtype))
 
     allreduce = AllReduce(heap)
     for dtype in DTYPES:
