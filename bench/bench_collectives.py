@@ -2,7 +2,9 @@
 choice) against NCCL and torch's symmetric-memory kernels; AllReduce latency from 8 KB to 1 MB and bus
 bandwidth (2 (world-1)/world bytes / time) from 1 MB to 256 MB, bf16; GEMM+AllReduce at decode shapes
 (M of 1 to 128, N = K = 8192, K sharded over the ranks) against cuBLAS + NCCL. Every rank times; the
-slowest rank's median is reported. The one-shot/two-shot crossover printed last is what
+slowest rank's median is reported. Timing is back to back (20 calls between two CUDA events, the
+median over windows), as a loop runs them; `alone_` columns time one call at a time, synchronised
+in between, so that the host's launch cost shows. The one-shot/two-shot crossover printed last is what
 tiledsl.collectives.DEFAULT_THRESHOLD_BYTES should be set from."""
 import os
 import sys
@@ -12,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save, time_ms  # noqa: E402
+from common import save, time_loop_ms, time_ms  # noqa: E402
 
 import tiledsl  # noqa: E402
 from tiledsl.collectives import AllReduce  # noqa: E402
@@ -60,9 +62,11 @@ def symm_mem_input(numel, group):
 
 
 def allreduce_row(allreduce, experiments, numel, world, group, reps):
-    # Random data, put back (untimed) before every timed call: each call sums in place, and a sum
-    # repeated a hundred times over would overflow.
-    fresh = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
+    """Each column: calls back to back (steady state, `time_loop_ms`); `alone_*`: one call at a time,
+    synchronised between calls, so the host's launch cost shows. Random data, put back (untimed) before
+    every window: each call sums in place, so it starts small (and normal in bf16) to stay finite."""
+    windows = 10 if reps >= 30 else 5
+    fresh = torch.randn(numel, device="cuda", dtype=torch.bfloat16) * 2.0 ** -100
     x = torch.empty_like(fresh)
     refill = lambda: x.copy_(fresh)  # noqa: E731
     row = {"op": "allreduce", "world": world, "bytes": numel * x.element_size(), "auto_algorithm": allreduce.choose(x)}
@@ -70,20 +74,24 @@ def allreduce_row(allreduce, experiments, numel, world, group, reps):
         refill()
         allreduce(x, algorithm=algorithm)  # checked call: compiles and proves the schedule before timing
         call = lambda algorithm=algorithm: allreduce(x, algorithm=algorithm, check=False)  # noqa: E731
-        row[algorithm or "auto"] = slowest(time_ms(call, reps=reps, before=refill))
+        row[algorithm or "auto"] = slowest(time_loop_ms(call, windows=windows, before=refill))
+        if algorithm is None:
+            row["alone_auto"] = slowest(time_ms(call, reps=reps, before=refill))
         allreduce.check()
     for key, program in experiments.items():
         refill()
         program(x)
-        row[key] = slowest(time_ms(lambda program=program: program(x, check=False), reps=reps, before=refill))
+        row[key] = slowest(time_loop_ms(lambda program=program: program(x, check=False), windows=windows,
+                                        before=refill))
         program.check()
-    row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps, before=refill))
+    row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(x), windows=windows, before=refill))
+    row["alone_nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps, before=refill))
     symm = optional("symm_mem.empty + rendezvous", lambda: symm_mem_input(numel, group))
     ops = {"symm_mem_one_shot": lambda: torch.ops.symm_mem.one_shot_all_reduce(symm, "sum", group),
            "symm_mem_two_shot": lambda: torch.ops.symm_mem.two_shot_all_reduce_(symm, "sum", group)}
     for key, op in ops.items():
         mine = NAN if not isinstance(symm, torch.Tensor) else optional(
-            key, lambda op=op: time_ms(op, reps=reps, before=lambda: symm.copy_(fresh)))
+            key, lambda op=op: time_loop_ms(op, windows=windows, before=lambda: symm.copy_(fresh)))
         row[key] = slowest(mine)
     return row
 
@@ -106,18 +114,20 @@ def gemm_ar_row(program, push, M, world):
     C = torch.empty(M, GEMM_NK, **bf16)
     program(A, B, C)
     row = {"op": "gemm_ar", "world": world, "M": M, "N": GEMM_NK, "K": GEMM_NK}
-    row["tiledsl"] = slowest(time_ms(lambda: program(A, B, C, check=False)))
+    row["tiledsl"] = slowest(time_loop_ms(lambda: program(A, B, C, check=False)))
+    row["alone_tiledsl"] = slowest(time_ms(lambda: program(A, B, C, check=False)))
     program.check()
     push(A, B, C)
-    row["tiledsl_push"] = slowest(time_ms(lambda: push(A, B, C, check=False)))
+    row["tiledsl_push"] = slowest(time_loop_ms(lambda: push(A, B, C, check=False)))
     push.check()
-    row["gemm"] = slowest(time_ms(lambda: torch.matmul(A, B, out=C)))
-    row["nccl"] = slowest(time_ms(lambda: dist.all_reduce(C)))
+    row["gemm"] = slowest(time_loop_ms(lambda: torch.matmul(A, B, out=C)))
+    row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(C)))
 
     def sequential():
         torch.matmul(A, B, out=C)
         dist.all_reduce(C)
-    row["sequential"] = slowest(time_ms(sequential))
+    row["sequential"] = slowest(time_loop_ms(sequential))
+    row["alone_sequential"] = slowest(time_ms(sequential))
     return row
 
 
@@ -157,7 +167,8 @@ def main() -> int:
             cells = ", ".join(f"{k} {row[k]:.4f}" + (f" ({row['busbw'][k]:.0f} GB/s)" if kind == "busbw" else "")
                               for k in ("one_shot", "two_shot", "auto", *EXPERIMENTS, "nccl", "symm_mem_one_shot",
                                         "symm_mem_two_shot", *(f"two_shot_block{b}" for b in TWO_SHOT_BLOCKS)))
-            print(f"allreduce {nbytes:>10} B [{row['auto_algorithm']}]: {cells} ms", flush=True)
+            print(f"allreduce {nbytes:>10} B [{row['auto_algorithm']}]: {cells} ms; one call alone: "
+                  f"auto {row['alone_auto']:.4f}, nccl {row['alone_nccl']:.4f}", flush=True)
     threshold = crossover(rows)
     gemm_ar = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap)
     gemm_ar_push = tiledsl.compile(GEMM_AR_PUSH, heap)
@@ -166,7 +177,8 @@ def main() -> int:
         rows.append(row)
         if rank == 0:
             print(f"gemm_ar M={M:<4} N=K={GEMM_NK} world {world}: tiledsl {row['tiledsl']:.4f} ms (push {row['tiledsl_push']:.4f}), "
-                  f"sequential {row['sequential']:.4f}, gemm {row['gemm']:.4f}, nccl {row['nccl']:.4f}", flush=True)
+                  f"sequential {row['sequential']:.4f}, gemm {row['gemm']:.4f}, nccl {row['nccl']:.4f}; one call alone: "
+                  f"tiledsl {row['alone_tiledsl']:.4f}, sequential {row['alone_sequential']:.4f}", flush=True)
     if rank == 0:
         print(f"one-shot/two-shot crossover: {threshold} bytes (DEFAULT_THRESHOLD_BYTES is "
               f"{allreduce.threshold_bytes})", flush=True)

@@ -36,6 +36,27 @@ def time_ms(fn, warmup: int = 5, reps: int = 30, before=None) -> float:
     return statistics.median(times)
 
 
+def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before=None) -> float:
+    """Steady-state time per call, as a training or decode loop sees it: `calls` calls back to back
+    between two CUDA events, the median over `windows` such windows; `before` (untimed) runs ahead of
+    each window. The host enqueues ahead of the GPU, so launch cost is hidden where the GPU is busier."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(windows):
+        if before:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
 def out_dir() -> Path:
     path = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     path.mkdir(parents=True, exist_ok=True)

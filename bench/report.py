@@ -34,19 +34,30 @@ def gemm_table(rows):
 
 def collectives_tables(data):
     rows = data["rows"]
-    lines = ["| AllReduce bytes | tiledsl one-shot | two-shot | auto (choice) | NCCL | symm_mem one-shot | symm_mem two-shot |",
-             "|---|---|---|---|---|---|---|"]
+    push = "push_two_shot" in rows[0]  # runs that also timed the earlier push programs
+    alone = "alone_auto" in rows[0]  # runs that timed back to back, and one call at a time beside it
+    lines = ["| AllReduce bytes | tiledsl one-shot | two-shot | auto (choice) | NCCL | symm_mem one-shot | symm_mem two-shot |"
+             + (" push two-shot (earlier program) |" if push else "") + (" one call alone: auto / NCCL |" if alone else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if push else "") + ("---|" if alone else "")]
     for r in (r for r in rows if r["op"] == "allreduce"):
         size = f"{r['bytes'] // 1024} KB" if r["bytes"] < 2**20 else f"{r['bytes'] // 2**20} MB"
         bw = r["bytes"] >= 2**20
         cell = (lambda k: f"{r[k]:.3f} ms" + (f" ({r['busbw'][k]:.0f} GB/s)" if bw else "")) 
         lines.append(f"| {size} | {cell('one_shot')} | {cell('two_shot')} | {cell('auto')} ({r['auto_algorithm']}) | "
-                     f"{cell('nccl')} | {cell('symm_mem_one_shot')} | {cell('symm_mem_two_shot')} |")
+                     f"{cell('nccl')} | {cell('symm_mem_one_shot')} | {cell('symm_mem_two_shot')} |"
+                     + (f" {cell('push_two_shot')} |" if push else "")
+                     + (f" {r['alone_auto']:.3f} / {r['alone_nccl']:.3f} ms |" if alone else ""))
     gemm = [r for r in rows if r["op"] == "gemm_ar"]
     if gemm:
-        lines += ["", "| GEMM+AllReduce M (N = K = 8192) | tiledsl | matmul + NCCL all_reduce | speed-up |", "|---|---|---|---|"]
+        pushed = "tiledsl_push" in gemm[0]
+        lines += ["", "| GEMM+AllReduce M (N = K = 8192) | tiledsl | matmul + NCCL all_reduce | speed-up |"
+                  + (" push version (earlier program) |" if pushed else "")
+                  + (" one call alone: tiledsl / sequential |" if "alone_tiledsl" in gemm[0] else ""),
+                  "|---|---|---|---|" + ("---|" if pushed else "") + ("---|" if "alone_tiledsl" in gemm[0] else "")]
         for r in gemm:
-            lines.append(f"| {r['M']} | {r['tiledsl']:.3f} | {r['sequential']:.3f} | {r['sequential'] / r['tiledsl']:.2f}x |")
+            lines.append(f"| {r['M']} | {r['tiledsl']:.3f} | {r['sequential']:.3f} | {r['sequential'] / r['tiledsl']:.2f}x |"
+                         + (f" {r['tiledsl_push']:.3f} |" if pushed else "")
+                         + (f" {r['alone_tiledsl']:.3f} / {r['alone_sequential']:.3f} |" if "alone_tiledsl" in r else ""))
     return "\n".join(lines)
 
 
