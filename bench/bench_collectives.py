@@ -24,7 +24,7 @@ PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 # the earlier push-based all-reduces, timed beside the pull-based ones in programs/ (same data)
 EXPERIMENTS = {"push_one_shot": Path(__file__).parent / "experiments" / "allreduce_push.tds",
                "push_two_shot": Path(__file__).parent / "experiments" / "allreduce_two_shot_push.tds"}
-TWO_SHOT_BLOCKS = (4096, 16384, 32768)
+TWO_SHOT_BLOCKS = (32768,)
 GEMM_AR_PUSH = Path(__file__).parent / "experiments" / "gemm_ar_push.tds"
 LATENCY_BYTES = [8 << 10 << n for n in range(8)]       # 8 KB .. 1 MB
 BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
@@ -147,9 +147,15 @@ def main() -> int:
         pass
     allreduce = AllReduce(heap)
     experiments = {key: tiledsl.compile(path, heap) for key, path in EXPERIMENTS.items()}
-    # two-shot with other block sizes (elements per tile), to choose its default from
+    # two-shot with other block sizes (elements per tile) and warps per program, to choose defaults from
     for block in TWO_SHOT_BLOCKS:
         experiments[f"two_shot_block{block}"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap, BLOCK=block)
+    for warps in (8, 16):
+        experiments[f"two_shot_warps{warps}"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap,
+                                                                num_warps=warps)
+        experiments[f"one_shot_warps{warps}"] = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, num_warps=warps)
+    experiments["two_shot_block32768_warps16"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap,
+                                                                 BLOCK=32768, num_warps=16)
     rows = []
     if rank == 0:
         print(f"world {world}; auto threshold {allreduce.threshold_bytes} bytes; times in ms, busbw in GB/s",
@@ -158,15 +164,14 @@ def main() -> int:
         numel = nbytes // 2
         row = allreduce_row(allreduce, experiments, numel, world, group, reps=30 if nbytes <= 16 << 20 else 10)
         factor = 2 * (world - 1) / world * nbytes / 1e6  # bytes per ms -> GB/s
-        row["busbw"] = {k: factor / row[k] for k in ("one_shot", "two_shot", "auto", *EXPERIMENTS, "nccl",
-                                                      "symm_mem_one_shot", "symm_mem_two_shot",
-                                                      *(f"two_shot_block{b}" for b in TWO_SHOT_BLOCKS))}
+        row["busbw"] = {k: factor / row[k] for k in ("one_shot", "two_shot", "auto", *experiments, "nccl",
+                                                      "symm_mem_one_shot", "symm_mem_two_shot")}
         rows.append(row)
         if rank == 0:
             kind = "latency" if nbytes in LATENCY_BYTES else "busbw"
             cells = ", ".join(f"{k} {row[k]:.4f}" + (f" ({row['busbw'][k]:.0f} GB/s)" if kind == "busbw" else "")
-                              for k in ("one_shot", "two_shot", "auto", *EXPERIMENTS, "nccl", "symm_mem_one_shot",
-                                        "symm_mem_two_shot", *(f"two_shot_block{b}" for b in TWO_SHOT_BLOCKS)))
+                              for k in ("one_shot", "two_shot", "auto", *experiments, "nccl", "symm_mem_one_shot",
+                                        "symm_mem_two_shot"))
             print(f"allreduce {nbytes:>10} B [{row['auto_algorithm']}]: {cells} ms; one call alone: "
                   f"auto {row['alone_auto']:.4f}, nccl {row['alone_nccl']:.4f}", flush=True)
     threshold = crossover(rows)

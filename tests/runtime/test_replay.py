@@ -9,7 +9,7 @@ import torch
 from tiledsl.api import build_module
 from tiledsl.runtime import sync
 from tiledsl.runtime.emulate import EmulatedHeap
-from tiledsl.runtime.launch import Program
+from tiledsl.runtime.launch import LaunchError, Program
 from tiledsl.runtime.reference import Reference
 from tiledsl.runtime.replay import Replay
 from tiledsl.runtime.run_program import make_inputs, program_schedule
@@ -93,3 +93,11 @@ def test_the_launcher_has_a_value_for_every_kernel_parameter(path, monkeypatch):
     (_, args), = compiled.launches
     assert len(args) == len(module.tds_kernel.arg_names)
     assert args[module.tds_kernel.arg_names.index("tds_epoch_cell")] is program._epoch_cell
+
+
+def test_num_warps_overrides_the_launch_options_and_must_be_a_power_of_two():
+    module = build_module((PROGRAMS[0].parent / "copy.tds").read_text(), {})  # no product: 4 warps by default
+    assert Program(module, None, emulated=False)._options({"N": 64, "rank": 0, "world": 1, "BLOCK": 1024})["num_warps"] == 4
+    assert Program(module, None, emulated=False, num_warps=16)._options({"N": 64, "rank": 0, "world": 1, "BLOCK": 1024})["num_warps"] == 16
+    with pytest.raises(LaunchError, match="power of two"):
+        Program(module, None, emulated=False, num_warps=12)

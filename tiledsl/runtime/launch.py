@@ -116,7 +116,7 @@ class Program:
 
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
                  dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-                 graphs: bool = True, **consts):
+                 graphs: bool = True, num_warps: int | None = None, **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated and not sync.EMULATED:
@@ -128,6 +128,9 @@ class Program:
         mode = "emulated" if self.emulated else "gpu"
         self.max_spins = max(1, int(wait_timeout_s * SPINS_PER_SECOND[mode]))
         self.num_sms = num_sms
+        if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1) or num_warps > 32):
+            raise LaunchError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
+        self.num_warps = num_warps  # None: kernel_options decides (8 with a product, else 4)
         # families left out on purpose, to break a schedule in tests: their consumers must time out
         self.skip = set(skip)
         # relaunch compiled kernels directly after the first call (False: every launch through the JIT)
@@ -373,6 +376,8 @@ class Program:
 
     def _options(self, env) -> dict:
         options = kernel_options(self.module, env)
+        if self.num_warps is not None:
+            options["num_warps"] = self.num_warps
         if self.module.tds_USES_NVSHMEM and not self.emulated:
             from tiledsl.runtime import nvshmem_device
             nvshmem_device.init_module_hook()
