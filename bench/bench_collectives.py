@@ -5,7 +5,8 @@ bandwidth (2 (world-1)/world bytes / time) from 1 MB to 256 MB, bf16; GEMM+AllRe
 slowest rank's median is reported. Timing is back to back (20 calls between two CUDA events, the
 median over windows), as a loop runs them; `alone_` columns time one call at a time, synchronised
 in between, so that the host's launch cost shows. The one-shot/two-shot crossover printed last is what
-tiledsl.collectives.DEFAULT_THRESHOLD_BYTES should be set from."""
+tiledsl.collectives.DEFAULT_THRESHOLD_BYTES should be set from (one-shot and two-shot run with the
+launch options tiledsl.collectives.ALGORITHM_OPTIONS gives them)."""
 import os
 import sys
 from pathlib import Path
@@ -150,10 +151,6 @@ def main() -> int:
     # two-shot with other block sizes (elements per tile) and warps per program, to choose defaults from
     for block in TWO_SHOT_BLOCKS:
         experiments[f"two_shot_block{block}"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap, BLOCK=block)
-    for warps in (8, 16):
-        experiments[f"two_shot_warps{warps}"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap,
-                                                                num_warps=warps)
-        experiments[f"one_shot_warps{warps}"] = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, num_warps=warps)
     experiments["two_shot_block32768_warps16"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap,
                                                                  BLOCK=32768, num_warps=16)
     rows = []

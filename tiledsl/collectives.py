@@ -1,8 +1,8 @@
 """Collectives built from the programs in `programs/`, with the launch-time choices they need.
 
-`AllReduce` picks one-shot (`allreduce.tds`: every rank sends all of X to every rank, one step, the
+`AllReduce` picks one-shot (`allreduce.tds`: every rank reads all of X from every rank, one step, the
 lowest latency) below a message size and two-shot (`allreduce_two_shot.tds`: reduce-scatter then
-all-gather, each rank sends 2 (world-1)/world of X, the most bandwidth) above it."""
+all-gather, each rank reads 2 (world-1)/world of X, the most bandwidth) above it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,23 +13,32 @@ import tiledsl
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 ALGORITHMS = {"one_shot": PROGRAMS / "allreduce.tds", "two_shot": PROGRAMS / "allreduce_two_shot.tds"}
-# Bytes from which two-shot is used. One-shot sends (world-1) times the message and wins while latency
-# dominates. Measured on 4x H200 (bench/results/2026-11-29/collectives_world4.json): 512 KB one-shot
-# 0.148 ms vs two-shot 0.151; 1 MB one-shot 0.191 vs two-shot 0.162.
+# Bytes from which two-shot is used at world 3 and more. One-shot reads (world-1) times the message
+# over NVLink, two-shot 2 (world-1)/world times: the same at world 2, where one-shot (less local work,
+# one step) was faster at every size from 8 KB to 256 MB (bench/results/2026-11-29-world2), so world 2
+# never switches. At world 4 the push programs crossed over between 512 KB and 1 MB
+# (bench/results/2026-11-29/collectives_world4.json); the pull programs are not yet measured there.
 DEFAULT_THRESHOLD_BYTES = 1024 * 1024
+# Launch options per algorithm, measured at world 2: one-shot with 16 warps a program read 282 GB/s at
+# 256 MB against 161 with 4, and was as fast or faster at every smaller size.
+ALGORITHM_OPTIONS = {"one_shot": {"num_warps": 16}, "two_shot": {}}
 DECLARED_DTYPE = torch.bfloat16  # the dtype the programs declare; others run through dtype_override
 
 
 class AllReduce:
     """Sum a tensor over the ranks of `heap`, in place: `AllReduce(heap)(x)` returns x.
 
-    The algorithm is chosen by message size (`threshold_bytes`), or forced per call with
+    The algorithm is chosen by message size (`threshold_bytes`; by default DEFAULT_THRESHOLD_BYTES,
+    or never two-shot at world 2, where it reads no fewer bytes than one-shot), or forced per call with
     `algorithm="one_shot" | "two_shot"`; the choice made is kept in `last_algorithm`. Each program is
     compiled on first use, once per dtype (bf16 as declared; fp32 and others by dtype override).
     `options` go to `tiledsl.compile` (`emulated=True`, `wait_timeout_s=...`, consts such as BLOCK)."""
 
-    def __init__(self, heap, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, **options):
+    def __init__(self, heap, threshold_bytes: float | None = None, **options):
         self.heap = heap
+        world = heap.world if heap is not None else 1
+        if threshold_bytes is None:
+            threshold_bytes = float("inf") if world <= 2 else DEFAULT_THRESHOLD_BYTES
         self.threshold_bytes = threshold_bytes
         self.options = options
         self.last_algorithm: str | None = None
@@ -46,8 +55,9 @@ class AllReduce:
         key = (algorithm, dtype)
         if key not in self._programs:
             override = {} if dtype == DECLARED_DTYPE else {str(DECLARED_DTYPE).removeprefix("torch."): dtype}
+            options = {**ALGORITHM_OPTIONS[algorithm], **self.options}
             self._programs[key] = tiledsl.compile(ALGORITHMS[algorithm], self.heap, dtype_override=override,
-                                                  **self.options)
+                                                  **options)
         return self._programs[key]
 
     def __call__(self, x: torch.Tensor, algorithm: str | None = None, check: bool = True) -> torch.Tensor:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiledsl.collectives import AllReduce
+from tiledsl.collectives import DEFAULT_THRESHOLD_BYTES, AllReduce
 from tiledsl.runtime.reference import Reference
 from tiledsl.runtime.run_program import EMULATED_DTYPES, TOLERANCE, make_inputs, program_schedule
 
@@ -123,3 +123,15 @@ def test_allreduce_choice_is_by_bytes_and_visible():
     assert allreduce.last_algorithm is None                            # nothing ran yet
     with pytest.raises(ValueError, match="one_shot, two_shot"):
         allreduce(torch.empty(8), algorithm="three_shot")
+
+
+def test_the_default_threshold_never_switches_at_world_2_and_does_at_1_mib_beyond():
+    class Heap:
+        def __init__(self, world):
+            self.world = world
+
+    big = torch.empty(256 << 20, dtype=torch.uint8)
+    assert AllReduce(Heap(2)).choose(big) == "one_shot"  # two-shot reads no fewer bytes at world 2
+    assert AllReduce(Heap(4)).choose(big) == "two_shot"
+    assert AllReduce(Heap(4)).threshold_bytes == DEFAULT_THRESHOLD_BYTES
+    assert AllReduce(Heap(2), threshold_bytes=1024).choose(big) == "two_shot"  # a given threshold wins
