@@ -106,8 +106,11 @@ def main(folder):
     for w in (4, 2, 8):
         path = folder / f"collectives_world{w}.json"
         if path.exists():
-            out += ["", f"## Collectives, world {w} (times in ms; bus bandwidth from 1 MB)", "",
-                    collectives_tables(json.loads(path.read_text()))]
+            data = json.loads(path.read_text())
+            how = ("per call, 20 calls back to back between two CUDA events, median of the windows"
+                   if "alone_auto" in data["rows"][0] else "per call, one call at a time")
+            out += ["", f"## Collectives, world {w} (times in ms {how}; bus bandwidth from 1 MB)", "",
+                    collectives_tables(data)]
     (folder / "RESULTS.md").write_text("\n".join(out) + "\n")
     if worlds:
         plot(folder, worlds)
