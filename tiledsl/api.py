@@ -48,7 +48,7 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     `wait_timeout_s` raises ScheduleTimeout naming the rank, edge and epoch.
 
     On a GPU the first call with a set of tensors launches through Triton's JIT; the second records
-    the call in a CUDA graph, which later calls replay (`graphs=False`: relaunch the compiled kernels
+    the call in a CUDA graph (with staged inputs, one per staging buffer), which later calls replay (`graphs=False`: relaunch the compiled kernels
     directly instead; `replay=False` too: every launch through the JIT, to compare or to rule the
     fast paths out). `num_warps` overrides the warps per program (8 with a matrix product, else 4)."""
     module = build_module(source, consts)

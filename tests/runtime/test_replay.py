@@ -101,3 +101,65 @@ def test_num_warps_overrides_the_launch_options_and_must_be_a_power_of_two():
     assert Program(module, None, emulated=False, num_warps=16)._options({"N": 64, "rank": 0, "world": 1, "BLOCK": 1024})["num_warps"] == 16
     with pytest.raises(LaunchError, match="power of two"):
         Program(module, None, emulated=False, num_warps=12)
+
+
+class FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph: counts replays."""
+    replays = 0
+
+    def replay(self):
+        FakeGraph.replays += 1
+
+
+def graph_calls(monkeypatch, capture_fails=False, name="copy"):
+    """A GPU-mode Program on CPU tensors with the launch itself recorded instead of run."""
+    monkeypatch.setattr(Program, "_options", lambda self, env: {})
+    issued = []
+    monkeypatch.setattr(Program, "_issue", lambda self, call: issued.append(call))
+
+    class Capture:
+        def __init__(self, graph, capture_error_mode):
+            assert capture_error_mode == "thread_local"
+
+        def __enter__(self):
+            if capture_fails:
+                raise RuntimeError("operation not permitted when stream is capturing")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    FakeGraph.replays = 0
+    module = build_module((PROGRAMS[0].parent / f"{name}.tds").read_text(), {})
+    world = 1 if name == "copy" else 2
+    arenas = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(world)]
+    program = Program(module, EmulatedHeap(0, world, arenas, barrier=NoBarrier()), emulated=False, num_sms=132)
+    X, Y = torch.randn(4096).bfloat16(), torch.empty(4096).bfloat16()
+    return program, ((X, Y) if name == "copy" else (X,)), issued
+
+
+def test_first_call_launches_second_records_a_graph_later_calls_replay_it(monkeypatch):
+    program, args, issued = graph_calls(monkeypatch)
+    for _ in range(5):
+        program(*args, check=False)
+    # call 1 launched, call 2 recorded (issued inside the capture) and replayed, calls 3-5 replayed
+    assert len(issued) == 2 and FakeGraph.replays == 4
+    assert program.epoch == 5
+
+
+def test_staged_inputs_alternate_two_recorded_calls(monkeypatch):
+    program, args, issued = graph_calls(monkeypatch, name="allreduce")  # X is staged for peers to read
+    for _ in range(6):
+        program(*args, check=False)
+    # calls 1 and 2 launched (one per staging parity), 3 and 4 recorded and replayed, 5 and 6 replayed
+    assert len(issued) == 4 and FakeGraph.replays == 4
+
+
+def test_a_graph_capture_that_fails_falls_back_to_direct_launches_with_a_warning(monkeypatch):
+    program, args, issued = graph_calls(monkeypatch, capture_fails=True)
+    program(*args, check=False)
+    with pytest.warns(UserWarning, match="CUDA graph capture failed"):
+        program(*args, check=False)
+    program(*args, check=False)
+    assert len(issued) == 3 and FakeGraph.replays == 0 and not program.graphs  # every call launched directly

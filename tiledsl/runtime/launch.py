@@ -1,8 +1,10 @@
 """The launcher behind every generated module: checks the caller's tensors, binds sizes, owns the
-symmetric buffers and signals, and runs one call: stage inputs, entry barrier, copy-engine chunks on
-the communication stream, the persistent kernel on the compute stream, then the deadline check.
+symmetric buffers and signals, and runs one call: stage inputs, entry kernel (epoch cell, barrier),
+copy-engine chunks on the communication stream, the persistent kernel on the compute stream, then
+the deadline check.
 
-On a GPU every kernel family runs in one launch, concurrently. Emulated (Triton's interpreter, one
+On a GPU every kernel family runs in one launch, concurrently; from the second call with the same
+tensors the whole call is replayed from a CUDA graph. Emulated (Triton's interpreter, one
 process per rank) the families run one after another in dependency order, each in its own launch: a
 legal serialisation of the same schedule, since every edge points forward in that order."""
 from __future__ import annotations
@@ -138,7 +140,8 @@ class Program:
         # replay each call from a CUDA graph, captured at the second call with the same tensors
         self.graphs = graphs and not self.emulated
         self._epoch_cell = None  # int32 on the device: the epoch the running call's kernels read
-        self._staged: dict = {}  # while preparing a call: the heap copies of staged tensors, by name
+        # staged inputs alternate between two heap copies by epoch parity: one prepared call for each
+        self._staging = any(t.staged for t in module.tds_TENSORS)
         self.epoch = 0
         self.callers = [t for t in module.tds_TENSORS if t.role in ("in", "out", "inout")]
         self._resources: dict = {}
@@ -276,7 +279,7 @@ class Program:
         tensors = self._bind(args, kwargs)
         # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
         # so a steady-state call is a few launches and no Python bookkeeping.
-        parity = (self.epoch + 1) % 2
+        parity = (self.epoch + 1) % 2 if self._staging else 0
         key = (parity,) + tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
                                 for n, t in tensors.items())
         call = self._calls.get(key)
@@ -307,30 +310,30 @@ class Program:
         # A staged tensor has two faces: this rank's own accesses use the caller's tensor (an inout is
         # written there), peers read the copy staged in the heap at the call's start.
         views = dict(tensors)
-        self._staged = {}
-        staged = []
+        shared = {}  # staged tensor -> its heap copy for this parity
         for spec in self.module.tds_TENSORS:
             if spec.staged:
-                self._staged[spec.name] = res[spec.name][parity]
-                staged.append((res[spec.name][parity], tensors[spec.name]))
+                shared[spec.name] = res[spec.name][parity]
             elif spec.name in res:
                 views[spec.name] = res[spec.name]
+        staged = [(shared[name], tensors[name]) for name in shared]
         barrier = ()
         if self.module.tds_DISTRIBUTED:
             barrier = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world)
-        copies = {spec.name: self._copy_ops(spec, env, res, views)
+        copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
                   for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
         roles, grid = (None, 0) if self.emulated else self._roles(env)
-        return _Call(env, res["diag"], staged, barrier, self._kernel_args(env, res, views), copies, roles, grid,
+        return _Call(env, res["diag"], staged, barrier, self._kernel_args(env, res, views, shared), copies, roles, grid,
                      self._options(env))
 
-    def _kernel_args(self, env, res, views) -> dict:
+    def _kernel_args(self, env, res, views, shared) -> dict:
         # runtime entries are tds_-prefixed: a program may name a size `epoch` or `diag`
-        a = {**env, **res["blocks"], "tds_epoch_cell": self._epoch_cell, "tds_diag": res["diag"], "tds_max_spins": self.max_spins}
+        a = {**env, **res["blocks"], "tds_epoch_cell": self._epoch_cell, "tds_diag": res["diag"],
+             "tds_max_spins": self.max_spins}
         for spec in self.module.tds_TENSORS:
             a[spec.name] = views[spec.name]
             if spec.peers:
-                a[f"tds_peers_{spec.name}"] = self._peer_offsets(views[spec.name], self._staged.get(spec.name))
+                a[f"tds_peers_{spec.name}"] = self._peer_offsets(views[spec.name], shared.get(spec.name))
         for spec in self.module.tds_FAMILIES:
             if spec.notify:
                 a[f"tds_sig_{spec.name}"] = res[f"sig_{spec.name}"]
@@ -460,13 +463,13 @@ class Program:
         call.graph = graph
         graph.replay()
 
-    def _copy_ops(self, spec, env, res, views) -> list:
+    def _copy_ops(self, spec, env, res, views, shared) -> list:
         """(target, source, signals) for each instance in order; signals are (tensor, slot) pairs when
-        emulated and device addresses for cuStreamWriteValue32 on a GPU."""
+        emulated and device addresses of the slots the epoch is copied into on a GPU."""
         def tensor(name, owner):
             if owner is None or owner == self.rank:
                 return views[name]
-            return self.heap.peer(self._staged.get(name, views[name]), owner)
+            return self.heap.peer(shared.get(name, views[name]), owner)
 
         signals = res.get(f"sig_{spec.name}")
         view_of = getattr(self.module, f"tds_views_{spec.name}")
