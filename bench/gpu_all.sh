@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark of tiledsl, for one device call on a 2- or 4-GPU machine:
+# Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
 #   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants
 #                                        (default: checks gemm overlap collectives)
-# Logs and JSON go to $OUT (or bench/results/); a short table is printed last.
+# Logs and JSON go to $OUT (or bench/results/); a short table is printed last. With PACK=FILE.tgz
+# they are also packed into one file after every stage (the device returns at most 8 files, and a
+# command stopped at its time limit still returns what was packed). WORLDS=4 picks the worlds run
+# (default: 4 and 2 on four or more GPUs, else all of them); COLLECTIVE_WORLDS likewise for collectives.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=${*:-checks gemm overlap collectives}
@@ -11,7 +14,8 @@ export OUT=${OUT:-$PWD/bench/results}
 mkdir -p "$OUT"
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "gpus: $gpus; $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
-worlds="$gpus"; [ "$gpus" -ge 4 ] && worlds="4 2"
+worlds="$gpus"; [ "$gpus" -ge 4 ] && worlds="$gpus 2"
+worlds=${WORLDS:-$worlds}
 status=0
 run() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
@@ -41,6 +45,7 @@ for stage in $stages; do
     variants) run gemm_variants 200 python3 bench/experiments/gemm_variants.py ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
+  [ -n "${PACK:-}" ] && tar czf "$PACK" -C "$OUT" .
 done
 echo "== summary"
 echo "$(cat "$OUT"/*.log 2>/dev/null | grep -c '^PASS') PASS, $(cat "$OUT"/*.log 2>/dev/null | grep -c '^FAIL') FAIL"
