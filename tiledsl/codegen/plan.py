@@ -12,7 +12,7 @@ import networkx as nx
 import sympy
 
 import tiledsl
-from tiledsl.codegen.exprs import code
+from tiledsl.schedule.intcode import code
 from tiledsl.codegen.tilecode import LoweringError, TileLowering
 from tiledsl.schedule import ir
 

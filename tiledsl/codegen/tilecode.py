@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from tiledsl.codegen.exprs import code
+from tiledsl.schedule.intcode import code
 # the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
 from tiledsl.runtime.launch import pipeline_stages, pow2_at_least
 from tiledsl.schedule import ir

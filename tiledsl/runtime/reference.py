@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from tiledsl.codegen.exprs import code
+from tiledsl.schedule.intcode import code
 from tiledsl.codegen.plan import dependency_order
 from tiledsl.schedule import ir
 

@@ -15,58 +15,18 @@ from dataclasses import dataclass
 import sympy
 
 from tiledsl.schedule import ir
+from tiledsl.schedule.intcode import code
 
 MAX_INSTANCES = 5000  # default_sizes keeps the instances of all ranks together under this
 MAX_MULTIPLE = 64     # default_sizes tries params = world * L * k for k up to this
-
-
-# ---- sympy to Python with integer semantics ----------------------------------------------------
-
-def _code(expr, names: dict) -> str:
-    if expr is sympy.true or expr is sympy.false:
-        return str(bool(expr))
-    if expr.is_Integer:
-        return f"({int(expr)})"
-    if expr.is_Symbol:
-        if expr not in names:
-            raise ValueError(f"'{expr}' has no value here")
-        return names[expr]
-    if isinstance(expr, (sympy.floor, sympy.ceiling)):
-        num, den = (_code(e, names) for e in expr.args[0].as_numer_denom())
-        if isinstance(expr, sympy.floor):
-            return f"(({num}) // ({den}))"
-        return f"(-((-({num})) // ({den})))"
-    if isinstance(expr, sympy.Mod):
-        return f"(({_code(expr.args[0], names)}) % ({_code(expr.args[1], names)}))"
-    if isinstance(expr, (sympy.Min, sympy.Max)):
-        func = "min" if isinstance(expr, sympy.Min) else "max"
-        return f"{func}({', '.join(_code(a, names) for a in expr.args)})"
-    if isinstance(expr, sympy.core.relational.Relational):
-        return f"(({_code(expr.lhs, names)}) {expr.rel_op} ({_code(expr.rhs, names)}))"
-    if isinstance(expr, (sympy.And, sympy.Or)):
-        joiner = " and " if isinstance(expr, sympy.And) else " or "
-        return "(" + joiner.join(_code(a, names) for a in expr.args) + ")"
-    if isinstance(expr, sympy.Not):
-        return f"(not {_code(expr.args[0], names)})"
-    num, den = expr.as_numer_denom()
-    if den != 1:
-        # A quotient of sizes that the launch conditions make exact (`M/world`): floor division is exact.
-        return f"(({_code(num, names)}) // ({_code(den, names)}))"
-    if expr.is_Add:
-        return "(" + " + ".join(_code(a, names) for a in expr.args) + ")"
-    if expr.is_Mul:
-        return "(" + " * ".join(_code(a, names) for a in expr.args) + ")"
-    if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
-        return f"(({_code(expr.base, names)}) ** {int(expr.exp)})"
-    raise ValueError(f"cannot evaluate '{expr}' with integers")
 
 
 @functools.lru_cache(maxsize=4096)
 def compile_exprs(exprs: tuple, symbols: tuple) -> Callable[..., tuple]:
     """A function of `symbols` (positionally) that returns the integer values of `exprs` as a tuple.
     The role of `sympy.lambdify`, with `//` and `%` where lambdify would divide floats."""
-    names = {sym: f"_a{n}" for n, sym in enumerate(symbols)}
-    body = "".join(_code(sympy.sympify(e), names) + ", " for e in exprs)
+    names = {sym.name: f"_a{n}" for n, sym in enumerate(symbols)}
+    body = "".join(code(e, kernel=False, names=names, strict=True) + ", " for e in exprs)
     return eval(f"lambda {', '.join(names.values())}: ({body})", {"min": min, "max": max})
 
 

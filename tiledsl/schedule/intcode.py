@@ -1,29 +1,42 @@
-"""Sympy sizes and index maps to integer code, for Triton kernels and for the host launcher.
+"""Sympy sizes, index maps and conditions to integer code: for Triton kernels, for the generated host
+launcher, and for the checker's compiled expressions (one printer for all three).
 
 Every division in the schedule is either exact (sizes) or floored (index maps), so an expression is
 printed over integers only: a rational `p/q` becomes `p // q` after sympy puts it over one
 denominator, which is exact or the intended floor. Kernel code gets a non-negative `mod`, because
-Triton's `%` on signed integers truncates like C."""
+Triton's `%` on signed integers truncates like C; `cdiv` is `(n + d - 1) // d`, a ceiling for every n
+under Python's floor division and for the non-negative n of kernel indices under Triton's."""
 from __future__ import annotations
 
 import sympy
 
 
-def code(expr, kernel: bool = True, names: dict[str, str] | None = None) -> str:
-    """Integer code for a sympy expression; `names` renames symbols (a symbol's own name otherwise)."""
-    return _Printer(kernel, names or {}).print(sympy.sympify(expr))
+def code(expr, kernel: bool = True, names: dict[str, str] | None = None, strict: bool = False) -> str:
+    """Integer code for a sympy expression; `names` renames symbols (a symbol's own name otherwise, or
+    with `strict` a ValueError for a symbol not in `names`). Host code (`kernel=False`) also prints
+    relations and and/or/not, for conditions."""
+    return _Printer(kernel, names or {}, strict).print(sympy.sympify(expr))
 
 
 class _Printer:
-    def __init__(self, kernel: bool, names: dict[str, str]):
+    def __init__(self, kernel: bool, names: dict[str, str], strict: bool):
         self.kernel = kernel
         self.names = names
+        self.strict = strict
 
     def print(self, e) -> str:
+        if e is sympy.true or e is sympy.false:
+            return str(bool(e))
         if e.is_Integer:
             return str(int(e))
         if e.is_Symbol:
+            if self.strict and e.name not in self.names:
+                raise ValueError(f"'{e}' has no value here")
             return self.names.get(e.name, e.name)
+        if not self.kernel:
+            logic = self.logic(e)
+            if logic is not None:
+                return logic
         if isinstance(e, sympy.floor):
             num, den = sympy.fraction(sympy.together(e.args[0]))
             return self.div(num, den)
@@ -63,7 +76,18 @@ class _Printer:
             return body
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
             return "(" + " * ".join([self.print(e.base)] * int(e.exp)) + ")"
-        raise ValueError(f"cannot print {e!r} as integer code")
+        raise ValueError(f"cannot evaluate '{e}' with integers")
+
+    def logic(self, e) -> str | None:
+        """Relations and boolean connectives, as Python: None for anything else."""
+        if isinstance(e, sympy.core.relational.Relational):
+            return f"(({self.print(e.lhs)}) {e.rel_op} ({self.print(e.rhs)}))"
+        if isinstance(e, (sympy.And, sympy.Or)):
+            joiner = " and " if isinstance(e, sympy.And) else " or "
+            return "(" + joiner.join(self.print(a) for a in e.args) + ")"
+        if isinstance(e, sympy.Not):
+            return f"(not {self.print(e.args[0])})"
+        return None
 
     def div(self, num, den) -> str:
         if den == 1:
