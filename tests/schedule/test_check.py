@@ -104,6 +104,21 @@ def test_allreduce_without_remote_pushes_reads_the_staging_buffer_too_early():
     assert race.hint.endswith("@ every rank")
 
 
+def test_a_wait_on_an_nvshmem_put_from_a_rank_it_does_not_write_to_would_hang():
+    """`add[i] after push[*]` waits on this rank's own puts (which read X) from this rank, but an
+    NVSHMEM put signals only the rank it writes to: with sms(4) that edge is fine, on nvshmem it hangs."""
+    source = ALLREDUCE.replace("on sms(4)", "on nvshmem(4)")
+    assert source != ALLREDUCE
+    found = the_error(source, "deadlock: add[0] on rank 0 waits for push[1] on rank 0, an nvshmem put")
+    assert at(found) == (line_of(source, "add[i] after push[*]"), 14)
+    assert "signals only the rank it writes to (rank 1)" in found.message
+    assert found.hint.startswith("wait on the put from the rank it writes to")
+
+
+def test_a_wait_on_an_nvshmem_put_from_its_target_rank_passes():
+    assert passes((ROOT / "programs" / "ag_gemm_push.tds").read_text()) == []
+
+
 def test_race_is_reported_once_per_family_pair():
     source = AG_GEMM.replace("mm[i, j] after gather[(i*BM) / Ms]\n", "")
     assert len([d for d in errors(source) if d.message.startswith("race")]) == 1

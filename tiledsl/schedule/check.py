@@ -48,6 +48,7 @@ def _concrete_findings(concrete: Concrete):
     yield from _bounds(concrete)
     yield from _orphans(concrete)
     yield from _self_waits(concrete)
+    yield from _unsignalled(concrete)
     yield from _order_mismatch(concrete)
     successors, via = _graph(concrete)
     order = _topological(successors)
@@ -236,6 +237,33 @@ def _self_waits(concrete: Concrete):
                 f"deadlock: {_at(consumer)} waits for {what} in the order of '{edge.consumer}' "
                 f"(at {_sizes_text(concrete)})", edge.span,
                 hint="a family runs its instances in order: it may only wait on its earlier instances")
+
+
+def _unsignalled(concrete: Concrete):
+    """An NVSHMEM put signals only the rank it writes to (the signal travels with the data, as one
+    putmem_signal): a wait on it from any other rank would never see the signal and time out."""
+    schedule = concrete.schedule
+    targets: dict[int, set[int]] = {}
+    for access in concrete.accesses:
+        if access.write:
+            targets.setdefault(access.instance, set()).add(access.copy)
+    for wait in concrete.waits:
+        edge = schedule.edges[wait.edge]
+        producer = schedule.families[edge.producer]
+        if producer.engine.kind is not ir.EngineKind.NVSHMEM:
+            continue
+        rank = concrete.instances[wait.consumer].rank
+        for p in wait.producers:
+            if rank not in targets.get(p, {rank}):
+                put, consumer = concrete.instances[p], concrete.instances[wait.consumer]
+                to = ", ".join(f"rank {r}" for r in sorted(targets[p]))
+                yield ("unsignalled", wait.edge), error(
+                    f"deadlock: {_at(consumer)} waits for {_at(put)}, an nvshmem put that signals only the "
+                    f"rank it writes to ({to}) (at {_sizes_text(concrete)})", edge.span,
+                    notes=[Note(f"'{producer.name}' is declared here", producer.span)],
+                    hint="wait on the put from the rank it writes to, or run the chunk on sms(N), "
+                         "which signals every rank")
+                break
 
 
 def _order_mismatch(concrete: Concrete):
