@@ -33,10 +33,11 @@ class _Printer:
             if self.strict and e.name not in self.names:
                 raise ValueError(f"'{e}' has no value here")
             return self.names.get(e.name, e.name)
-        if not self.kernel:
-            logic = self.logic(e)
-            if logic is not None:
-                return logic
+        logic = self.logic(e)
+        if logic is not None:
+            if self.kernel:  # kernels take conditions as masks built elsewhere, never as Python logic
+                raise ValueError(f"cannot evaluate '{e}' with integers")
+            return logic
         if isinstance(e, sympy.floor):
             num, den = sympy.fraction(sympy.together(e.args[0]))
             return self.div(num, den)
