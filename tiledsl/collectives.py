@@ -5,14 +5,12 @@ lowest latency) below a message size and two-shot (`allreduce_two_shot.tds`: red
 all-gather, each rank reads 2 (world-1)/world of X, the most bandwidth) above it."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 import tiledsl
+from tiledsl.library import program as library_program
 
-PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
-ALGORITHMS = {"one_shot": PROGRAMS / "allreduce.tds", "two_shot": PROGRAMS / "allreduce_two_shot.tds"}
+ALGORITHMS = {"one_shot": "allreduce", "two_shot": "allreduce_two_shot"}  # programs of the library
 # Bytes from which two-shot is used at world 3 and more. One-shot reads (world-1) times the message
 # over NVLink, two-shot 2 (world-1)/world times: the same at world 2, where one-shot (less local work,
 # one step) was faster at every size from 8 KB to 256 MB (bench/results/2026-11-29-world2), so world 2
@@ -56,8 +54,8 @@ class AllReduce:
         if key not in self._programs:
             override = {} if dtype == DECLARED_DTYPE else {str(DECLARED_DTYPE).removeprefix("torch."): dtype}
             options = {**ALGORITHM_OPTIONS[algorithm], **self.options}
-            self._programs[key] = tiledsl.compile(ALGORITHMS[algorithm], self.heap, dtype_override=override,
-                                                  **options)
+            self._programs[key] = tiledsl.compile(library_program(ALGORITHMS[algorithm]), self.heap,
+                                                  dtype_override=override, **options)
         return self._programs[key]
 
     def __call__(self, x: torch.Tensor, algorithm: str | None = None, check: bool = True) -> torch.Tensor:
