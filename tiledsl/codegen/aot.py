@@ -75,7 +75,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             signature[name] = "i32"
     for name in constexprs:
         signature[name] = "constexpr"
-    from tiledsl.runtime.launch import kernel_options
+    from tiledsl.runtime.specs import kernel_options
     options = kernel_options(module, env)
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device

@@ -12,7 +12,7 @@ import sympy
 
 from tiledsl.schedule.intcode import code
 # the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
-from tiledsl.runtime.launch import pipeline_stages, pow2_at_least
+from tiledsl.runtime.specs import pipeline_stages, pow2_at_least
 from tiledsl.schedule import ir
 
 ACTIVATIONS = {

@@ -9,23 +9,19 @@ process per rank) the families run one after another in dependency order, each i
 legal serialisation of the same schedule, since every edge points forward in that order."""
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
 import torch
 
-from tiledsl.runtime import sync
+from tiledsl.runtime import sync, validate
 from tiledsl.runtime.replay import Replay
+from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
+    FamilySpec, TensorSpec, kernel_options, linear, pipeline_stages, pow2_at_least, unlinear)
+from tiledsl.runtime.validate import LaunchError
 
-NUM_SMS_DEFAULT = 132
 # Spin reads per second of waiting, roughly: they turn `wait_timeout_s` into a bound on spins.
 SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
-SHARED_MEMORY_BYTES = 220 * 1024  # per SM on Hopper, less what Triton keeps for itself
-
-
-class LaunchError(ValueError):
-    """A caller's tensor or size does not fit the program; the message names which and why."""
 
 
 class ScheduleTimeout(RuntimeError):
@@ -51,65 +47,6 @@ class _Call:
     kernel_replay: Replay | None = None
     copy_list: object = None
     graph: object = None
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    role: str
-    dtype: str
-    staged: bool
-    peers: bool
-    where: str
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    name: str
-    kind: str
-    engine: str
-    programs: int | None
-    notify: str | None
-    split: int
-    ordered: bool
-    matmul: bool
-
-
-def pow2_at_least(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
-def linear(index: tuple, extents: tuple) -> int:
-    out = 0
-    for i, e in zip(index, extents):
-        out = out * e + i
-    return out
-
-
-def unlinear(number: int, extents: tuple) -> tuple:
-    out = []
-    for e in reversed(extents):
-        out.append(number % e)
-        number //= e
-    return tuple(reversed(out))
-
-
-def kernel_options(module, env) -> dict:
-    """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
-    memory holds next to the staging of its TMA-stored block."""
-    matmuls = module.tds_matmuls(env)
-    if not matmuls:
-        return {"num_warps": 4, "num_stages": 2}
-    stages = min(pipeline_stages(bm, bn, bk, target is not None) for _, _, bm, bn, bk, target in matmuls.values())
-    return {"num_warps": 8, "num_stages": max(2, stages)}
-
-
-def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool) -> int:
-    """Pipeline stages of bf16 [BM, BK] and [BK, BN] blocks that fit in shared memory (at most 4) next
-    to the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only where 2 fit."""
-    stage_bytes = (block_m * block_k + block_k * block_n) * 2
-    staging = block_m * block_n * 2 if tma_store else 0
-    return min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes)
 
 
 class Program:
@@ -158,62 +95,11 @@ class Program:
         return self.heap.world if self.heap is not None else 1
 
     def _bind(self, args, kwargs) -> dict[str, torch.Tensor]:
-        names = [t.name for t in self.callers]
-        if len(args) > len(names):
-            raise LaunchError(f"{self.module.__name__} takes {len(names)} tensors ({', '.join(names)}), "
-                              f"got {len(args)}")
-        bound = dict(zip(names, args))
-        for name, value in kwargs.items():
-            if name not in names:
-                raise LaunchError(f"unknown tensor '{name}'; the program takes {', '.join(names)}")
-            if name in bound:
-                raise LaunchError(f"tensor '{name}' given twice")
-            bound[name] = value
-        missing = [n for n in names if n not in bound]
-        if missing:
-            raise LaunchError(f"missing tensor(s) {', '.join(missing)}; the program takes {', '.join(names)}")
-        for spec in self.callers:
-            if not isinstance(bound[spec.name], torch.Tensor):
-                raise LaunchError(f"'{spec.name}' must be a torch.Tensor, got {type(bound[spec.name]).__name__}")
-        return bound
+        return validate.bind(self.module.__name__, self.callers, args, kwargs)
 
     def _sizes(self, tensors: dict[str, torch.Tensor]) -> dict:
-        shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-        ranks_of = {name: len(shape) for name, shape in self.module.tds_tensor_shapes(self._dummy_env()).items()}
-        for spec in self.callers:
-            expected_rank = ranks_of[spec.name]
-            if len(shapes[spec.name]) != expected_rank:
-                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected {expected_rank} dimensions, "
-                                  f"got shape {list(shapes[spec.name])}")
-        env = {"rank": self.rank, "world": self.world, **self.module.tds_CONSTS}
-        try:
-            env.update(self.module.tds_infer_params(shapes, self.world))
-        except ZeroDivisionError:
-            raise LaunchError("a tensor has a zero-sized dimension") from None
-        for ok, message in self.module.tds_conditions(env):
-            if not ok:
-                detail = ", ".join(f"{p}={env[p]}" for p in self.module.tds_PARAMS)
-                raise LaunchError(f"{message}; got {detail}, world={self.world}")
-        expected = self.module.tds_tensor_shapes(env)
-        for spec in self.callers:
-            tensor = tensors[spec.name]
-            want_dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
-            if tuple(tensor.shape) != tuple(expected[spec.name]):
-                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected shape {list(expected[spec.name])}, "
-                                  f"got {list(tensor.shape)}")
-            if tensor.dtype != want_dtype:
-                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected dtype {want_dtype}, got {tensor.dtype}")
-            if not tensor.is_contiguous():
-                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): must be contiguous (call .contiguous())")
-            if tensor.device != self.device:
-                raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected device {self.device}, "
-                                  f"got {tensor.device}")
-        return env
-
-    def _dummy_env(self) -> dict:
-        env = {"rank": 0, "world": max(1, self.world), **self.module.tds_CONSTS}
-        env.update({p: self.world * 4096 for p in self.module.tds_PARAMS})
-        return env
+        return validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
+                              self.device)
 
     @property
     def device(self) -> torch.device:
