@@ -15,6 +15,7 @@ import tiledsl  # noqa: E402
 from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+EXPERIMENTS = Path(__file__).resolve().parent / "experiments"
 
 
 def slowest(value: float) -> float:
@@ -45,11 +46,14 @@ def main() -> int:
     except Exception:  # noqa: BLE001
         pass
     only = os.environ.get("BENCH_ONLY", "ag_gemm,gemm_rs").split(",")
-    # variants of each operation; the table reports the best and every variant's time is kept
-    ag_variants = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap) for name in ("ag_gemm", "ag_gemm_push")}
-    rs_variants = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap) for name in ("gemm_rs", "gemm_rs_pull")}
-    ag = ag_variants if "ag_gemm" in only else None
-    rs = rs_variants if "gemm_rs" in only else None
+    # variants of each operation from programs/: the table reports the best and every variant's time is
+    # kept; experiments (bench/experiments/) are timed beside them but never count as the best
+    ag = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
+          for name in ("ag_gemm", "ag_gemm_push")} if "ag_gemm" in only else None
+    rs = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
+          for name in ("gemm_rs", "gemm_rs_pull")} if "gemm_rs" in only else None
+    rs_experiments = {name: tiledsl.compile(EXPERIMENTS / f"{name}.tds", heap)
+                      for name in ("gemm_rs_pull_own",)} if "gemm_rs" in only else {}
     rows = []
     for model, (N, K) in SHAPES.items():
         bf16 = dict(device="cuda", dtype=torch.bfloat16)
@@ -86,6 +90,10 @@ def main() -> int:
                 row[name] = slowest(time_ms(lambda: program(A, B, C, check=False)))
                 program.check()
             row["tiledsl"] = min(row[name] for name in rs)
+            for name, program in rs_experiments.items():
+                program(A, B, C)
+                row[name] = slowest(time_ms(lambda: program(A, B, C, check=False)))
+                program.check()
             row["gemm"] = slowest(time_ms(lambda: torch.matmul(A, B, out=P)))
             row["comm"] = slowest(time_ms(lambda: dist.reduce_scatter_tensor(C, P)))
 

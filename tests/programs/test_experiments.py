@@ -1,0 +1,23 @@
+"""The experiment programs that the benchmarks time beside the library (bench/experiments/) stay
+correct: each checks clean and matches the reference on two emulated ranks."""
+import os
+from pathlib import Path
+
+import pytest
+
+from tiledsl.pipeline import run
+from tiledsl.runtime.run_program import run_emulated
+
+EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "bench" / "experiments").glob("*.tds"))
+
+
+def test_there_are_experiments():
+    assert {p.stem for p in EXPERIMENTS} >= {"allreduce_push", "allreduce_two_shot_push", "gemm_ar_push",
+                                             "gemm_rs_pull_own"}
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_experiment_checks_clean_and_matches_the_reference(path):
+    assert run(path, until="check").warnings == []
+    verdicts = run_emulated(os.fspath(path), 2)
+    assert verdicts and all(v.ok for v in verdicts), "\n".join(v.line() for v in verdicts)
