@@ -1,7 +1,10 @@
 """Copy-engine chunks: a peer copy on a communication stream, then a signal written by the stream itself.
 
-No SM runs any of it: the copy is one cudaMemcpyAsync (the copy engine) and the signal a cuStreamWriteValue32
-stream memory operation. Signals are int32 slots holding epoch numbers, so they never need resetting.
+No SM runs any of it. A program's chunks go through `CopyList`: each copy is one cuMemcpyAsync (the copy
+engine) and each signal a 4-byte copy of the epoch cell into the slot, so a call can be captured in a
+CUDA graph. `copy_and_signal`, `write_signal` (cuStreamWriteValue32) and `wait_value`
+(cuStreamWaitValue32) are the single-use forms the runtime smoke test exercises. Signals are int32
+slots holding epoch numbers, so they never need resetting.
 """
 import torch
 
