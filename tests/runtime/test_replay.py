@@ -115,7 +115,7 @@ def graph_calls(monkeypatch, capture_fails=False, name="copy"):
     """A GPU-mode Program on CPU tensors with the launch itself recorded instead of run."""
     monkeypatch.setattr(Program, "_options", lambda self, env: {})
     issued = []
-    monkeypatch.setattr(Program, "_issue", lambda self, call: issued.append(call))
+    monkeypatch.setattr(Program, "_issue", lambda self, call: issued.append(id(call)))
 
     class Capture:
         def __init__(self, graph, capture_error_mode):
@@ -163,3 +163,17 @@ def test_a_graph_capture_that_fails_falls_back_to_direct_launches_with_a_warning
         program(*args, check=False)
     program(*args, check=False)
     assert len(issued) == 3 and FakeGraph.replays == 0 and not program.graphs  # every call launched directly
+
+
+def test_release_drops_the_prepared_calls_and_their_tensors(monkeypatch):
+    import weakref
+    program, args, issued = graph_calls(monkeypatch)
+    X, Y = args
+    program(X, Y, check=False)
+    program(X, Y, check=False)  # recorded
+    alive = weakref.ref(Y)
+    program.release()
+    del args, Y
+    assert alive() is None  # nothing of the program keeps the caller's tensor any more
+    program(X, torch.empty(4096).bfloat16(), check=False)
+    assert len(issued) == 3  # a new tensor set starts again with a direct launch

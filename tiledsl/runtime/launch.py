@@ -20,6 +20,9 @@ from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach thes
     FamilySpec, TensorSpec, kernel_options, linear, pipeline_stages, pow2_at_least, unlinear)
 from tiledsl.runtime.validate import LaunchError
 
+# Tensor sets a program keeps prepared calls (and their CUDA graphs) for. Each keeps its caller tensors
+# alive: a loop that allocates new outputs every step should reuse them, or call `release()`.
+MAX_PREPARED_CALLS = 64
 # Spin reads per second of waiting, roughly: they turn `wait_timeout_s` into a bound on spins.
 SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
 
@@ -170,7 +173,7 @@ class Program:
                                 for n, t in tensors.items())
         call = self._calls.get(key)
         if call is None:
-            if len(self._calls) >= 64:
+            if len(self._calls) >= MAX_PREPARED_CALLS:
                 self._calls.clear()
             call = self._calls[key] = self._prepare(tensors, parity)
         self.epoch += 1
@@ -373,6 +376,11 @@ class Program:
 
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)
+
+    def release(self) -> None:
+        """Drop every prepared call: the caller tensors, CUDA graphs and launch arguments kept for the
+        tensor sets this program was called with (the next call with any of them prepares it again)."""
+        self._calls.clear()
 
     # ---- deadline ------------------------------------------------------------------------------
     def check(self) -> None:
