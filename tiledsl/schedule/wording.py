@@ -1,0 +1,25 @@
+"""How the checker names things in its messages: families, instances, sizes and index tuples."""
+from __future__ import annotations
+
+from tiledsl.grammar import ast
+from tiledsl.schedule import ir
+from tiledsl.schedule.instances import Concrete
+
+def family_text(schedule: ir.Schedule, name: str) -> str:
+    return f"{schedule.families[name].kind.value} '{name}'"
+
+
+def sizes_text(concrete: Concrete) -> str:
+    return ", ".join([f"{p}={concrete.sizes[p]}" for p in concrete.schedule.params] + [f"world={concrete.world}"])
+
+
+def at(instance) -> str:
+    return f"{instance.family}[{', '.join(map(str, instance.index))}] on rank {instance.rank}"
+
+
+def index_text(index) -> str:
+    return "[" + ", ".join("*" if i is None else str(i) for i in index) + "]"
+
+
+def site(family: ir.Family, span: ast.Span) -> ast.Span:
+    return span if span.line > 0 else family.span
