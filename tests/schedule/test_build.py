@@ -133,3 +133,47 @@ def test_ag_gemm_builds_regions_and_edge_maps_as_sympy():
     assert (edge.consumer, edge.producer, edge.ranks) == ("mm", "gather", ir.RankSet.LOCAL)
     assert sympy.simplify(edge.index_map[0] - sympy.floor(ir.size_symbol("BM") * i * world / M)) == 0
     assert {c.message for c in schedule.conditions} == {"M must be divisible by world", "M/world must be divisible by BM"}
+
+
+# ---- require ---------------------------------------------------------------------------------------
+
+REQUIRE = tds("""
+    program req
+    param N
+    const BLOCK = 1024
+    require N % (2 * BLOCK) == 0   # whole pairs of blocks
+    require N >= 4 * BLOCK
+    in  X : bf16[N]
+    out Y : bf16[N]
+    tile cp[i in N / BLOCK]: Y[i*BLOCK : +BLOCK] = X[i*BLOCK : +BLOCK]
+""")
+
+
+def test_require_becomes_a_launch_condition_with_its_text_and_line():
+    schedule = run(REQUIRE, until="schedule").schedule
+    stated = [c for c in schedule.conditions if c.message.endswith("is required")]
+    assert [(c.message, c.span.line) for c in stated] == [("N % (2 * BLOCK) == 0 is required", 4),
+                                                         ("N >= 4 * BLOCK is required", 5)]
+    N, BLOCK = ir.size_symbol("N"), ir.size_symbol("BLOCK")
+    assert stated[1].holds == sympy.Ge(N, 4 * BLOCK)
+
+
+def test_the_generated_launcher_checks_require_before_anything_runs():
+    from tiledsl.api import build_module
+    module = build_module(REQUIRE, {})
+    env = {"rank": 0, "world": 2, "BLOCK": 1024}
+    failed = [message for ok, message in module.tds_conditions({**env, "N": 3072}) if not ok]
+    assert len(failed) == 2 and failed[0].startswith("N % (2 * BLOCK) == 0 is required (")
+    assert all(ok for ok, _ in module.tds_conditions({**env, "N": 8192}))
+
+
+def test_a_require_that_can_never_hold_is_refused_at_its_line():
+    found = the_error(REQUIRE.replace("require N >= 4 * BLOCK", "require 1 > 2"), "'1 > 2' can never hold")
+    assert at(found) == (5, 1)
+
+
+def test_a_require_on_consts_that_fails_is_refused_by_the_checker():
+    source = REQUIRE.replace("require N >= 4 * BLOCK", "require BLOCK >= 4096")
+    with pytest.raises(TdsError, match=r"BLOCK >= 4096 is required, and it is not \(BLOCK = 1024\)"):
+        run(source, until="check")
+

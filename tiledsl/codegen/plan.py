@@ -343,10 +343,10 @@ def conditions(schedule: ir.Schedule) -> list[tuple[str, str]]:
     out, seen = [], set()
     for cond in schedule.conditions:
         holds = cond.holds
-        if isinstance(holds, sympy.Eq) and isinstance(holds.lhs, sympy.Mod):
+        if isinstance(holds, sympy.Eq) and isinstance(holds.lhs, sympy.Mod) and holds.rhs == 0:
             text = f"({code(holds.lhs.args[0], kernel=False)}) % ({code(holds.lhs.args[1], kernel=False)}) == 0"
-        else:
-            continue
+        else:  # a `require` of another form
+            text = code(holds, kernel=False)
         if text not in seen:
             seen.add(text)
             out.append((text, f"{cond.message} ({schedule.program.path}:{cond.span.line})"))

@@ -151,6 +151,15 @@ class LetDecl:
 
 
 @dataclass(frozen=True)
+class RequireDecl:
+    """`require left op right`: a launch condition on sizes."""
+    left: Expr
+    op: str  # == != <= >= < >
+    right: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class TensorDecl:
     role: str  # in, out, inout, symm, local
     name: Name
@@ -230,7 +239,7 @@ class PlaceDecl:
     span: Span = field(compare=False)
 
 
-Decl = Union[ParamDecl, ConstDecl, TuneDecl, LetDecl, TensorDecl, ChunkDecl, TileDecl, EdgeDecl,
+Decl = Union[ParamDecl, ConstDecl, TuneDecl, LetDecl, RequireDecl, TensorDecl, ChunkDecl, TileDecl, EdgeDecl,
              OrderDecl, PlaceDecl]
 
 

@@ -122,6 +122,9 @@ class _Builder(Transformer):
     def let_decl(self, meta, children):
         return ast.LetDecl(self._name(children[0], True), children[1], _span(meta))
 
+    def require_decl(self, meta, children):
+        return ast.RequireDecl(children[0], str(children[1]), children[2], _span(meta))
+
     # tensors
     def tensor_decl(self, meta, children):
         role, name, dtype, *shape = children

@@ -20,13 +20,13 @@ MAX_OPERATORS = 4 * MAX_NESTING  # operators and brackets in one statement: each
 MAX_NAME = 255  # longer names serve no program, only slow down the search for a close match
 MAX_TOKENS = 100_000  # words and symbols in one file: a hundred times the largest real program
 
-STATEMENTS = ("program", "param", "const", "tune", "let", "in", "out", "inout", "symm", "local",
+STATEMENTS = ("program", "param", "const", "tune", "let", "require", "in", "out", "inout", "symm", "local",
               "chunk", "tile", "order", "place")
 TERMINAL_NAMES = {
     "NAME": "a name", "NUMBER": "a number", "_NL": "end of line", "MATMUL": "'@'", "PEER": "'@'",
     "COLON": "':'", "COMMA": "','", "LSQB": "'['", "RSQB": "']'", "LPAR": "'('", "RPAR": "')'",
     "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'",
-    "SEMICOLON": "';'", "_ARROW": "'->'", "$END": "end of file",
+    "SEMICOLON": "';'", "_ARROW": "'->'", "COMPARE": "a comparison (== != <= >= < >)", "$END": "end of file",
 }
 
 
@@ -166,6 +166,10 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
     if str(token) in _OPERATORS and "_NL" in expected and _AT_RANK.search(line_text[: col - 1]):
         return error("the rank after '@' is a name, a number or an expression in brackets", span,
                      hint="red[i] after mm[i] @ ((rank + 1) mod world)")
+    if token.type == "COMPARE":  # a comparison outside `require`
+        why = _DOUBLED.get(str(token), "sizes are compared only in a `require` line")
+        return error(f"'{token}' is not an operator here: {why}", ast.Span(line, col, line, col + len(token)),
+                     hint=None if str(token) in _DOUBLED else "a launch condition reads: require N % BLOCK == 0")
     doubled = line_text[col - 2: col] if col >= 2 else ""
     if doubled in _DOUBLED:
         return error(f"'{doubled}' is not an operator: {_DOUBLED[doubled]}", ast.Span(line, col - 1, line, col + 1))

@@ -177,6 +177,8 @@ class Builder:
                 value = self.size(decl.value, lets_scope)
                 if self.declare(decl.name) and value is not None:
                     self.sizes[decl.name.id] = value
+            elif isinstance(decl, ast.RequireDecl):
+                self.require(decl, lets_scope)
             elif isinstance(decl, ast.TensorDecl):
                 self.tensor(decl, lets_scope)
         families: dict[str, ir.Family] = {}
@@ -195,6 +197,22 @@ class Builder:
             raise TdsError(self.diagnostics, program.path, program.source)
         return ir.Schedule(program, tuple(params), dict(self.consts), dict(self.tunables), dict(self.tensors),
                            families, tuple(edges), tuple(self.conditions))
+
+    def require(self, decl: ast.RequireDecl, scope: _Scope) -> None:
+        """A launch condition stated by the program: refused now if it can never hold, kept otherwise."""
+        left, right = self.size(decl.left, scope), self.size(decl.right, scope)
+        if left is None or right is None:
+            return
+        relation = {"==": sympy.Eq, "!=": sympy.Ne, "<=": sympy.Le, ">=": sympy.Ge, "<": sympy.Lt,
+                    ">": sympy.Gt}[decl.op](left, right)
+        text = f"{left} {decl.op} {right}"
+        if decl.span.end_line == decl.span.line:  # the condition as written, for the launch-time message
+            line = self.program.source.splitlines()[decl.span.line - 1]
+            text = line[decl.span.column - 1:decl.span.end_column - 1].removeprefix("require").strip() or text
+        if relation is sympy.false:
+            self.fail(f"'{text}' can never hold", decl.span)
+        elif relation is not sympy.true:
+            self.conditions.append(ir.Condition(relation, f"{text} is required", decl.span))
 
     def tensor(self, decl: ast.TensorDecl, scope: _Scope) -> None:
         dtype = ir.DTYPES.get(decl.dtype.id)
