@@ -88,7 +88,7 @@ class Program:
         self._calls: dict = {}
         self._comm_stream = None
 
-    # ---- the caller's tensors -------------------------------------------------------------------
+    # ---- where it runs ----------------------------------------------------------------------------
     @property
     def rank(self) -> int:
         return self.heap.rank if self.heap is not None else 0
@@ -96,13 +96,6 @@ class Program:
     @property
     def world(self) -> int:
         return self.heap.world if self.heap is not None else 1
-
-    def _bind(self, args, kwargs) -> dict[str, torch.Tensor]:
-        return validate.bind(self.module.__name__, self.callers, args, kwargs)
-
-    def _sizes(self, tensors: dict[str, torch.Tensor]) -> dict:
-        return validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
-                              self.device)
 
     @property
     def device(self) -> torch.device:
@@ -165,7 +158,7 @@ class Program:
 
     # ---- one call -------------------------------------------------------------------------------
     def __call__(self, *args, check: bool = True, **kwargs):
-        tensors = self._bind(args, kwargs)
+        tensors = validate.bind(self.module.__name__, self.callers, args, kwargs)
         # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
         # so a steady-state call is a few launches and no Python bookkeeping.
         parity = (self.epoch + 1) % 2 if self._staging else 0
@@ -192,7 +185,8 @@ class Program:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _prepare(self, tensors, parity: int) -> "_Call":
-        env = self._sizes(tensors)
+        env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
+                             self.device)
         if self._epoch_cell is None:
             self._epoch_cell = torch.zeros(1, dtype=torch.int32, device=self.device)
         res = self._resources_for(env)
