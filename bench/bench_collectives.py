@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save, time_loop_ms, time_ms  # noqa: E402
+from common import save, slowest, time_loop_ms, time_ms, time_program  # noqa: E402
 
 import tiledsl  # noqa: E402
 from tiledsl.collectives import AllReduce  # noqa: E402
@@ -32,12 +32,6 @@ BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
 GEMM_M = (1, 8, 32, 64, 128)
 GEMM_NK = 8192
 NAN = float("nan")
-
-
-def slowest(value: float) -> float:
-    t = torch.tensor([value], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 _reported = set()
@@ -81,10 +75,7 @@ def allreduce_row(allreduce, experiments, numel, world, group, reps):
         allreduce.check()
     for key, program in experiments.items():
         refill()
-        program(x)
-        row[key] = slowest(time_loop_ms(lambda program=program: program(x, check=False), windows=windows,
-                                        before=refill))
-        program.check()
+        row[key] = time_program(program, x, timer=time_loop_ms, windows=windows, before=refill)
     row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(x), windows=windows, before=refill))
     row["alone_nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps, before=refill))
     symm = optional("symm_mem.empty + rendezvous", lambda: symm_mem_input(numel, group))
@@ -113,14 +104,10 @@ def gemm_ar_row(program, push, M, world):
     A = torch.randn(M, GEMM_NK // world, **bf16)
     B = torch.randn(GEMM_NK // world, GEMM_NK, **bf16)
     C = torch.empty(M, GEMM_NK, **bf16)
-    program(A, B, C)
     row = {"op": "gemm_ar", "world": world, "M": M, "N": GEMM_NK, "K": GEMM_NK}
-    row["tiledsl"] = slowest(time_loop_ms(lambda: program(A, B, C, check=False)))
-    row["alone_tiledsl"] = slowest(time_ms(lambda: program(A, B, C, check=False)))
-    program.check()
-    push(A, B, C)
-    row["tiledsl_push"] = slowest(time_loop_ms(lambda: push(A, B, C, check=False)))
-    push.check()
+    row["tiledsl"] = time_program(program, A, B, C, timer=time_loop_ms)
+    row["alone_tiledsl"] = time_program(program, A, B, C)
+    row["tiledsl_push"] = time_program(push, A, B, C, timer=time_loop_ms)
     row["gemm"] = slowest(time_loop_ms(lambda: torch.matmul(A, B, out=C)))
     row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(C)))
 

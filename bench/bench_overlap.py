@@ -9,19 +9,13 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import M, SHAPES, save, time_ms  # noqa: E402
+from common import M, SHAPES, save, slowest, time_ms, time_program  # noqa: E402
 
 import tiledsl  # noqa: E402
 from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 EXPERIMENTS = Path(__file__).resolve().parent / "experiments"
-
-
-def slowest(value: float) -> float:
-    t = torch.tensor([value], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def async_tp(name, fn):
@@ -64,9 +58,7 @@ def main() -> int:
             full = torch.empty(M, K, **bf16)
             row = {"op": "ag_gemm", "model": model, "world": world, "M": M, "N": N, "K": K}
             for name, program in ag.items():
-                program(A, B, C)  # checked call: compiles and proves the schedule before timing
-                row[name] = slowest(time_ms(lambda: program(A, B, C, check=False)))
-                program.check()
+                row[name] = time_program(program, A, B, C)
             row["tiledsl"] = min(row[name] for name in ag)
             row["gemm"] = slowest(time_ms(lambda: torch.matmul(full, B, out=C)))
             row["comm"] = slowest(time_ms(lambda: dist.all_gather_into_tensor(full, A)))
@@ -85,15 +77,9 @@ def main() -> int:
             C = torch.empty(M // world, N, **bf16)
             P = torch.empty(M, N, **bf16)
             row = {"op": "gemm_rs", "model": model, "world": world, "M": M, "N": N, "K": K}
-            for name, program in rs.items():
-                program(A, B, C)
-                row[name] = slowest(time_ms(lambda: program(A, B, C, check=False)))
-                program.check()
+            for name, program in {**rs, **rs_experiments}.items():
+                row[name] = time_program(program, A, B, C)
             row["tiledsl"] = min(row[name] for name in rs)
-            for name, program in rs_experiments.items():
-                program(A, B, C)
-                row[name] = slowest(time_ms(lambda: program(A, B, C, check=False)))
-                program.check()
             row["gemm"] = slowest(time_ms(lambda: torch.matmul(A, B, out=P)))
             row["comm"] = slowest(time_ms(lambda: dist.reduce_scatter_tensor(C, P)))
 

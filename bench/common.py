@@ -57,6 +57,23 @@ def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before
     return statistics.median(times)
 
 
+def slowest(value: float) -> float:
+    """The largest of every rank's `value` (under torchrun): a collective is as slow as its slowest rank."""
+    import torch.distributed as dist
+    t = torch.tensor([value], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def time_program(program, *args, timer=time_ms, **timing) -> float:
+    """A compiled tiledsl program: one checked call (it compiles, and proves the schedule, before any
+    timing), `timer` over calls that skip the check, then the check; the slowest rank's figure."""
+    program(*args)
+    ms = slowest(timer(lambda: program(*args, check=False), **timing))
+    program.check()
+    return ms
+
+
 def out_dir() -> Path:
     path = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     path.mkdir(parents=True, exist_ok=True)
