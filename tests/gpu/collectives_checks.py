@@ -61,6 +61,18 @@ def allreduce_check(allreduce: AllReduce, algorithm, numel: int, dtype):
     return run
 
 
+def poisoned_calls(program, args, out, verify):
+    """1 + CALLS calls writing `out`, poisoned (NaN) before each; `verify()` after the first, checked
+    call and again after the last."""
+    for n in range(1 + CALLS):
+        out.fill_(float("nan"))
+        program(*args, out, check=(n == 0))
+        if n == 0:
+            verify()
+    program.check()
+    verify()
+
+
 def collective_shapes(nbytes: int, size: int, world: int):
     """(rows per rank, columns) for a message of `nbytes` (the whole gathered or scattered tensor),
     then a ragged shape near it: an odd row count and 1000 columns, a multiple of no tile."""
@@ -77,13 +89,10 @@ def allgather_check(heap, world, rows, cols, dtype):
         want = torch.empty(rows * world, cols, device="cuda", dtype=dtype)
         dist.all_gather_into_tensor(want, X)
         Y = torch.empty_like(want)
-        for n in range(1 + CALLS):
-            Y.fill_(float("nan"))
-            program(X, Y, check=(n == 0))
-            if n == 0:
-                assert torch.equal(Y, want), "gathered rows differ from NCCL's"
-        program.check()
-        assert torch.equal(Y, want), "gathered rows differ from NCCL's after 100 calls"
+
+        def same():
+            assert torch.equal(Y, want), "gathered rows differ from NCCL's"
+        poisoned_calls(program, (X,), Y, same)
     return run
 
 
@@ -94,13 +103,7 @@ def reduce_scatter_check(heap, world, rows, cols, dtype):
         want = torch.empty(rows, cols, device="cuda", dtype=torch.float32)
         dist.reduce_scatter_tensor(want, X.float())
         Y = torch.empty(rows, cols, device="cuda", dtype=dtype)
-        for n in range(1 + CALLS):
-            Y.fill_(float("nan"))
-            program(X, Y, check=(n == 0))
-            if n == 0:
-                close(Y, want, dtype)
-        program.check()
-        close(Y, want, dtype)
+        poisoned_calls(program, (X,), Y, lambda: close(Y, want, dtype))
     return run
 
 
@@ -111,14 +114,8 @@ def gemm_ar_check(heap, world, M, K, N, dtype, **consts):
         B = torch.randn(K // world, N, device="cuda", dtype=dtype)
         want = all_reduce(A.float() @ B.float())
         C = torch.empty(M, N, device="cuda", dtype=dtype)
-        for n in range(1 + CALLS):
-            C.fill_(float("nan"))
-            program(A, B, C, check=(n == 0))
-            if n == 0:
-                # fp32 products go through TF32 tensor cores: the bf16 tolerance is the right one
-                close(C, want, torch.bfloat16)
-        program.check()
-        close(C, want, torch.bfloat16)
+        # fp32 products go through TF32 tensor cores: the bf16 tolerance is the right one
+        poisoned_calls(program, (A, B), C, lambda: close(C, want, torch.bfloat16))
     return run
 
 

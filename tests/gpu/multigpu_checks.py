@@ -47,13 +47,20 @@ def ag_gemm_check(source, rank, world, heap, M, K, N, **consts):
     return run
 
 
+def gemm_rs_inputs(world, M, K, N):
+    """This rank's shards of A and B (K split over the ranks), and its rows of the reduce-scattered
+    product computed by NCCL in float32."""
+    A = torch.randn(M, K // world, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(K // world, N, device="cuda", dtype=torch.bfloat16)
+    want = torch.empty(M // world, N, device="cuda", dtype=torch.float32)
+    dist.reduce_scatter_tensor(want, (A.float() @ B.float()).contiguous())
+    return A, B, want
+
+
 def gemm_rs_check(rank, world, heap, M, K, N, name="gemm_rs"):
     def run():
         program = tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
-        A = torch.randn(M, K // world, device="cuda", dtype=torch.bfloat16)
-        B = torch.randn(K // world, N, device="cuda", dtype=torch.bfloat16)
-        want = torch.empty(M // world, N, device="cuda", dtype=torch.float32)
-        dist.reduce_scatter_tensor(want, (A.float() @ B.float()).contiguous())
+        A, B, want = gemm_rs_inputs(world, M, K, N)
         repeat(program, lambda: torch.empty(M // world, N, device="cuda", dtype=torch.bfloat16), (A, B), want)
     return run
 
@@ -63,10 +70,7 @@ def alternating_outputs_check(world, heap, M, K, N):
     must land in the tensor it was given."""
     def run():
         program = tiledsl.compile(PROGRAMS / "gemm_rs.tds", heap)
-        A = torch.randn(M, K // world, device="cuda", dtype=torch.bfloat16)
-        B = torch.randn(K // world, N, device="cuda", dtype=torch.bfloat16)
-        want = torch.empty(M // world, N, device="cuda", dtype=torch.float32)
-        dist.reduce_scatter_tensor(want, (A.float() @ B.float()).contiguous())
+        A, B, want = gemm_rs_inputs(world, M, K, N)
         outs = [torch.empty(M // world, N, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
         for n in range(20):
             outs[n % 2].fill_(float("nan"))
