@@ -1,7 +1,8 @@
 """The launcher behind every generated module: checks the caller's tensors, binds sizes, owns the
-symmetric buffers and signals, and runs one call: stage inputs, entry kernel (epoch cell, barrier),
+symmetric buffers and signals, and runs one call: stage inputs, the entry (epoch cell, barrier),
 copy-engine chunks on the communication stream, the persistent kernel on the compute stream, then
-the deadline check.
+the deadline check. The entry is a kernel of its own only where copy-engine chunks need the call's
+epoch before the persistent kernel starts; otherwise that kernel does it, one launch fewer a call.
 
 On a GPU every kernel family runs in one launch, concurrently; from the second call with the same
 tensors the whole call is replayed from a CUDA graph. Emulated (Triton's interpreter, one
@@ -43,6 +44,7 @@ class _Call:
     roles: dict | None
     grid: int
     options: dict
+    fold: bool            # the kernel is the call's entry (no separate entry launch)
     # after the first call on a GPU: the compiled entry and kernel relaunched directly, the copies
     # prepared; from the second, the whole call replayed from a CUDA graph
     issued: bool = False
@@ -188,7 +190,8 @@ class Program:
         env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
                              self.device)
         if self._epoch_cell is None:
-            self._epoch_cell = torch.zeros(1, dtype=torch.int32, device=self.device)
+            # [epoch, programs finished]: the second is the count a kernel that is its own entry keeps
+            self._epoch_cell = torch.zeros(2, dtype=torch.int32, device=self.device)
         res = self._resources_for(env)
         # A staged tensor has two faces: this rank's own accesses use the caller's tensor (an inout is
         # written there), peers read the copy staged in the heap at the call's start.
@@ -206,8 +209,23 @@ class Program:
         copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
                   for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
         roles, grid = (None, 0) if self.emulated else self._roles(env)
-        return _Call(env, res["diag"], staged, barrier, self._kernel_args(env, res, views, shared), copies, roles, grid,
-                     self._options(env))
+        fold = self._folds_entry(copies, grid)
+        if roles is not None:
+            roles["tds_ENTER"] = fold
+        args = self._kernel_args(env, res, views, shared)
+        if self.module.tds_DISTRIBUTED:
+            args.update(tds_barrier=barrier[0], tds_peers_barrier=barrier[1])
+        return _Call(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold)
+
+    def _folds_entry(self, copies, grid) -> bool:
+        """Whether the persistent kernel can be the call's entry itself, saving a launch: only when no
+        copy-engine chunk needs this call's epoch before the kernel starts. Emulated, where families
+        launch one by one, only when there is a single one."""
+        if copies:
+            return False
+        if self.emulated:
+            return len([f for f in self.module.tds_FAMILIES if f.name not in self.skip]) == 1
+        return grid > 0
 
     def _kernel_args(self, env, res, views, shared) -> dict:
         # runtime entries are tds_-prefixed: a program may name a size `epoch` or `diag`
@@ -274,7 +292,8 @@ class Program:
         """Emulated: the families one after another in dependency order, each in its own launch."""
         for target, source in call.staged:
             target.copy_(source)
-        self._enter(call)
+        if not call.fold:
+            self._enter(call)
         for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
                 continue
@@ -285,6 +304,7 @@ class Program:
                         signal.view(-1)[slot] = self.epoch
             else:
                 roles, grid = self._roles(call.env, only=spec.name)
+                roles["tds_ENTER"] = call.fold
                 self.module.tds_launch_kernel((grid,), call.kernel_args, roles, call.options)
 
     def _enter(self, call):
@@ -307,7 +327,8 @@ class Program:
         compute = torch.cuda.current_stream()
         for target, source in call.staged:
             target.copy_(source)
-        self._enter(call)
+        if not call.fold:
+            self._enter(call)
         if call.copies:
             from tiledsl.runtime import copy_engine
             if self._comm_stream is None:

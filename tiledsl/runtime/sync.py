@@ -58,12 +58,24 @@ def notify(sig_ptr, epoch):
 
 @triton.jit
 def advance(epoch_cell):
-    """A call's first step on the GPU: the epoch cell moves to this call's epoch, which every later
+    """A call's first step on the GPU, in an entry kernel of its own: the epoch cell moves to this call's epoch, which every later
     kernel of the call reads. Every thread reads before any writes."""
     epoch = tl.load(epoch_cell) + 1
     tl.debug_barrier()
     tl.store(epoch_cell, epoch)
     return epoch
+
+
+@triton.jit
+def leave(epoch_cell, epoch):
+    """The end of a kernel that is its call's entry: the last of its programs to finish stores this
+    call's epoch (cell[0]) and resets the count of finished programs (cell[1]). Every program read
+    the cell when it started, before it counted itself, so all of them saw the last call's epoch;
+    the next call, after this kernel on the stream, sees this one."""
+    tl.debug_barrier()
+    if tl.atomic_add(epoch_cell + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.store(epoch_cell + 1, 0)
+        tl.store(epoch_cell, epoch)
 
 
 @triton.jit
