@@ -23,10 +23,12 @@ from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 # the earlier push-based all-reduces, timed beside the pull-based ones in programs/ (same data)
-EXPERIMENTS = {"push_one_shot": Path(__file__).parent / "experiments" / "allreduce_push.tds",
-               "push_two_shot": Path(__file__).parent / "experiments" / "allreduce_two_shot_push.tds"}
-TWO_SHOT_BLOCKS = (32768,)
-GEMM_AR_PUSH = Path(__file__).parent / "experiments" / "gemm_ar_push.tds"
+EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
+EXPERIMENTS = {"push_one_shot": EXPERIMENTS_DIR / "allreduce_push.tds",
+               "push_two_shot": EXPERIMENTS_DIR / "allreduce_two_shot_push.tds"}
+# experiments timed only up to a size: the push programs take 4-19 ms at 256 MB
+EXPERIMENT_MAX_BYTES = {"push_one_shot": 16 << 20, "push_two_shot": 16 << 20}
+GEMM_AR_PUSH = EXPERIMENTS_DIR / "gemm_ar_push.tds"
 LATENCY_BYTES = [8 << 10 << n for n in range(8)]       # 8 KB .. 1 MB
 BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
 GEMM_M = (1, 8, 32, 64, 128)
@@ -74,6 +76,9 @@ def allreduce_row(allreduce, experiments, numel, world, group, reps):
             row["alone_auto"] = slowest(time_ms(call, reps=reps, before=refill))
         allreduce.check()
     for key, program in experiments.items():
+        if numel * x.element_size() > EXPERIMENT_MAX_BYTES.get(key, float("inf")):
+            row[key] = NAN
+            continue
         refill()
         row[key] = time_program(program, x, timer=time_loop_ms, windows=windows, before=refill)
     row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(x), windows=windows, before=refill))
@@ -135,9 +140,14 @@ def main() -> int:
         pass
     allreduce = AllReduce(heap)
     experiments = {key: tiledsl.compile(path, heap) for key, path in EXPERIMENTS.items()}
-    # two-shot with other block sizes (elements per tile) and warps per program, to choose defaults from
-    for block in TWO_SHOT_BLOCKS:
-        experiments[f"two_shot_block{block}"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap, BLOCK=block)
+    # one-shot with a separate entry kernel each call: what folding the entry into the kernel saves
+    experiments["one_shot_entry_kernel"] = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, num_warps=16,
+                                                           fold_entry=False)
+    # one-shot with its staging pipelined through the copy engine, in chunks of CH elements
+    for chunk in (1 << 20, 1 << 22):
+        experiments[f"stage_ce_ch{chunk >> 20}m"] = tiledsl.compile(EXPERIMENTS_DIR / "allreduce_stage_ce.tds", heap,
+                                                                   num_warps=16, CH=chunk)
+    # two-shot with a larger block and more warps per program, to choose defaults from
     experiments["two_shot_block32768_warps16"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap,
                                                                  BLOCK=32768, num_warps=16)
     rows = []

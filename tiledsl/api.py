@@ -39,7 +39,7 @@ def build_module(source, consts: dict | None = None):
 
 def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: float = 5.0,  # noqa: A001
             dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-            graphs: bool = True, num_warps: int | None = None, **consts):
+            graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, **consts):
     """Compile a program (a path to a .tds file, or its text) and bind it to this rank.
 
     `heap` is the symmetric heap shared with the other ranks (`tiledsl.runtime.heap.open_heap()` under
@@ -50,8 +50,10 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     On a GPU the first call with a set of tensors launches through Triton's JIT; the second records
     the call in a CUDA graph (with staged inputs, one per staging buffer), which later calls replay (`graphs=False`: relaunch the compiled kernels
     directly instead; `replay=False` too: every launch through the JIT, to compare or to rule the
-    fast paths out). `num_warps` overrides the warps per program (8 with a matrix product, else 4)."""
+    fast paths out). `num_warps` overrides the warps per program (8 with a matrix product, else 4).
+    The persistent kernel passes the entry barrier itself unless copy-engine chunks need the epoch
+    first (`fold_entry=False`: a separate entry kernel every call, to compare)."""
     module = build_module(source, consts)
     return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
                        dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay,
-                       graphs=graphs, num_warps=num_warps)
+                       graphs=graphs, num_warps=num_warps, fold_entry=fold_entry)

@@ -40,7 +40,7 @@ def test_a_one_family_program_is_its_own_entry_and_counts_epochs_across_calls():
     for rank_seen in run_ranks(_rank_calls, 2, "allreduce", {"BLOCK": 64}, 200, timeout_s=300):
         for epoch, (fold, cell, out, expected) in enumerate(rank_seen, 1):
             assert fold
-            assert cell == [epoch, 0]  # this call's epoch; the count of finished programs back at zero
+            assert cell == [epoch, 0, 0]  # this call's epoch; the counts of programs back at zero
             torch.testing.assert_close(torch.from_numpy(out), torch.from_numpy(expected))
 
 

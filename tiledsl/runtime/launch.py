@@ -60,7 +60,7 @@ class Program:
 
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
                  dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-                 graphs: bool = True, num_warps: int | None = None, **consts):
+                 graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated and not sync.EMULATED:
@@ -81,6 +81,8 @@ class Program:
         self.replay = replay and not self.emulated
         # replay each call from a CUDA graph, captured at the second call with the same tensors
         self.graphs = graphs and not self.emulated
+        # let the persistent kernel be the call's entry where it can (False: an entry kernel every call)
+        self.fold_entry = fold_entry
         self._epoch_cell = None  # int32 on the device: the epoch the running call's kernels read
         # staged inputs alternate between two heap copies by epoch parity: one prepared call for each
         self._staging = any(t.staged for t in module.tds_TENSORS)
@@ -190,8 +192,8 @@ class Program:
         env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
                              self.device)
         if self._epoch_cell is None:
-            # [epoch, programs finished]: the second is the count a kernel that is its own entry keeps
-            self._epoch_cell = torch.zeros(2, dtype=torch.int32, device=self.device)
+            # [epoch, programs finished, programs staged]: the counts a kernel that is its own entry keeps
+            self._epoch_cell = torch.zeros(3, dtype=torch.int32, device=self.device)
         res = self._resources_for(env)
         # A staged tensor has two faces: this rank's own accesses use the caller's tensor (an inout is
         # written there), peers read the copy staged in the heap at the call's start.
@@ -215,13 +217,14 @@ class Program:
         args = self._kernel_args(env, res, views, shared)
         if self.module.tds_DISTRIBUTED:
             args.update(tds_barrier=barrier[0], tds_peers_barrier=barrier[1])
+        args.update({f"tds_numel_{name}": tensors[name].numel() for name in shared})
         return _Call(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold)
 
     def _folds_entry(self, copies, grid) -> bool:
         """Whether the persistent kernel can be the call's entry itself, saving a launch: only when no
         copy-engine chunk needs this call's epoch before the kernel starts. Emulated, where families
         launch one by one, only when there is a single one."""
-        if copies:
+        if copies or not self.fold_entry:
             return False
         if self.emulated:
             return len([f for f in self.module.tds_FAMILIES if f.name not in self.skip]) == 1
@@ -290,9 +293,9 @@ class Program:
 
     def _issue_serialised(self, call):
         """Emulated: the families one after another in dependency order, each in its own launch."""
-        for target, source in call.staged:
-            target.copy_(source)
-        if not call.fold:
+        if not call.fold:  # else the kernel stages and enters
+            for target, source in call.staged:
+                target.copy_(source)
             self._enter(call)
         for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
@@ -325,9 +328,9 @@ class Program:
         """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
         the persistent kernel on the current stream, joined at the end."""
         compute = torch.cuda.current_stream()
-        for target, source in call.staged:
-            target.copy_(source)
-        if not call.fold:
+        if not call.fold:  # else the kernel stages and enters
+            for target, source in call.staged:
+                target.copy_(source)
             self._enter(call)
         if call.copies:
             from tiledsl.runtime import copy_engine

@@ -67,15 +67,27 @@ def advance(epoch_cell):
 
 
 @triton.jit
-def leave(epoch_cell, epoch):
-    """The end of a kernel that is its call's entry: the last of its programs to finish stores this
-    call's epoch (cell[0]) and resets the count of finished programs (cell[1]). Every program read
-    the cell when it started, before it counted itself, so all of them saw the last call's epoch;
-    the next call, after this kernel on the stream, sees this one."""
+def stage(src_ptr, dst_ptr, numel, program, BLOCK: tl.constexpr):
+    """This program's share of copying a staged input into the heap, in blocks dealt round-robin to
+    the kernel's programs."""
+    for start in range(program * BLOCK, numel, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < numel), mask=offs < numel)
+
+
+@triton.jit
+def last_to_arrive(count_ptr):
+    """Count this program in at `count_ptr`; True for the last of the kernel's programs, which resets
+    the count for the next call. Release and acquire at system scope: what every program stored
+    before it counted itself is visible to whatever the last one does next, on any rank (the staged
+    inputs before the barrier's signal). A kernel that is its call's entry counts at its start
+    (staged, then the barrier) and at its end (the last to finish stores the epoch in the cell: every
+    program read the cell before it counted itself, so all of them saw the last call's epoch)."""
     tl.debug_barrier()
-    if tl.atomic_add(epoch_cell + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        tl.store(epoch_cell + 1, 0)
-        tl.store(epoch_cell, epoch)
+    last = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1
+    if last:
+        tl.store(count_ptr, 0)
+    return last
 
 
 @triton.jit
