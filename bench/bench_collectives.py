@@ -27,7 +27,7 @@ EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
 EXPERIMENTS = {"push_one_shot": EXPERIMENTS_DIR / "allreduce_push.tds",
                "push_two_shot": EXPERIMENTS_DIR / "allreduce_two_shot_push.tds"}
 # experiments timed only up to a size: the push programs take 4-19 ms at 256 MB
-EXPERIMENT_MAX_BYTES = {"push_one_shot": 16 << 20, "push_two_shot": 16 << 20}
+EXPERIMENT_MAX_BYTES = {"push_one_shot": 16 << 20, "push_two_shot": 1 << 20, "push_one_shot_entry_kernel": 1 << 20}
 GEMM_AR_PUSH = EXPERIMENTS_DIR / "gemm_ar_push.tds"
 LATENCY_BYTES = [8 << 10 << n for n in range(8)]       # 8 KB .. 1 MB
 BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
@@ -140,13 +140,15 @@ def main() -> int:
         pass
     allreduce = AllReduce(heap)
     experiments = {key: tiledsl.compile(path, heap) for key, path in EXPERIMENTS.items()}
-    # one-shot with a separate entry kernel each call: what folding the entry into the kernel saves
+    # the entry folded into the kernel (the default) against a separate entry kernel and staging copy
+    # before it, for a program with a staged input (one-shot) and one without (push one-shot)
     experiments["one_shot_entry_kernel"] = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, num_warps=16,
                                                            fold_entry=False)
-    # one-shot with its staging pipelined through the copy engine, in chunks of CH elements
-    for chunk in (1 << 20, 1 << 22):
-        experiments[f"stage_ce_ch{chunk >> 20}m"] = tiledsl.compile(EXPERIMENTS_DIR / "allreduce_stage_ce.tds", heap,
-                                                                   num_warps=16, CH=chunk)
+    experiments["push_one_shot_entry_kernel"] = tiledsl.compile(EXPERIMENTS["push_one_shot"], heap, fold_entry=False)
+    # one-shot with more elements per tile (more loads in flight per program), entry kernel as before
+    for block in (4096, 8192):
+        experiments[f"one_shot_entry_kernel_block{block}"] = tiledsl.compile(
+            PROGRAMS / "allreduce.tds", heap, num_warps=16, fold_entry=False, BLOCK=block)
     # two-shot with a larger block and more warps per program, to choose defaults from
     experiments["two_shot_block32768_warps16"] = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap,
                                                                  BLOCK=32768, num_warps=16)

@@ -78,13 +78,15 @@ def stage(src_ptr, dst_ptr, numel, program, BLOCK: tl.constexpr):
 @triton.jit
 def last_to_arrive(count_ptr):
     """Count this program in at `count_ptr`; True for the last of the kernel's programs, which resets
-    the count for the next call. Release and acquire at system scope: what every program stored
-    before it counted itself is visible to whatever the last one does next, on any rank (the staged
-    inputs before the barrier's signal). A kernel that is its call's entry counts at its start
-    (staged, then the barrier) and at its end (the last to finish stores the epoch in the cell: every
-    program read the cell before it counted itself, so all of them saw the last call's epoch)."""
+    the count for the next call. Release and acquire at GPU scope (a system-scope fence in every
+    program costs microseconds): what every program stored before it counted itself happens before
+    whatever the last one does next, and the last one's system-scope release (the barrier's signal)
+    carries it to the other ranks, since release is cumulative. A kernel that is its call's entry
+    counts at its start (staged, then the barrier) and at its end (the last to finish stores the
+    epoch in the cell: every program read the cell before it counted itself, so all of them saw
+    the last call's epoch)."""
     tl.debug_barrier()
-    last = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1
+    last = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
     if last:
         tl.store(count_ptr, 0)
     return last
