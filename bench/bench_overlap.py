@@ -46,8 +46,9 @@ def main() -> int:
           for name in ("ag_gemm", "ag_gemm_push")} if "ag_gemm" in only else None
     rs = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
           for name in ("gemm_rs", "gemm_rs_pull")} if "gemm_rs" in only else None
-    rs_experiments = {name: tiledsl.compile(EXPERIMENTS / f"{name}.tds", heap)
-                      for name in ("gemm_rs_pull_own",)} if "gemm_rs" in only else {}
+    # gemm_rs_pull with its reduce tiles on programs of their own, 16 or 32 of the GPU's 132
+    rs_experiments = {f"gemm_rs_pull_own{sms}": tiledsl.compile(EXPERIMENTS / "gemm_rs_pull_own.tds", heap, RED_SMS=sms)
+                      for sms in (16, 32)} if "gemm_rs" in only else {}
     rows = []
     for model, (N, K) in SHAPES.items():
         bf16 = dict(device="cuda", dtype=torch.bfloat16)

@@ -177,3 +177,30 @@ def test_a_require_on_consts_that_fails_is_refused_by_the_checker():
     with pytest.raises(TdsError, match=r"BLOCK >= 4096 is required, and it is not \(BLOCK = 1024\)"):
         run(source, until="check")
 
+
+
+# A family's program count may be a const, fixed when the program is built with its consts.
+OWN_SMS = tds("""
+    program own
+    param N
+    const BLOCK = 64, SMS = 8
+    in  X : f32[N]
+    out Y : f32[N]
+    out Z : f32[N]
+    tile cp[i in N/BLOCK] on sms(SMS): Y[i*BLOCK : +BLOCK] = X[i*BLOCK : +BLOCK]
+    tile dbl[i in N/BLOCK]: Z[i*BLOCK : +BLOCK] = 2 * X[i*BLOCK : +BLOCK]
+    """)
+
+
+def test_a_program_count_may_be_a_const_and_follows_its_value_when_built():
+    from tiledsl.codegen.plan import LoweringError
+    assert run(OWN_SMS, until="check").schedule.families["cp"].engine.count({"SMS": 8}) == 8
+    assert [f.programs for f in run(OWN_SMS, until="plan", consts={"SMS": 24}).plan.families] == [24, None]
+    with pytest.raises(LoweringError, match="'cp' 132 SM programs: each needs at least one, and together at most 131"):
+        run(OWN_SMS, until="plan", consts={"SMS": 132})
+
+
+def test_a_program_count_of_a_param_is_refused_with_a_hint():
+    found = the_error(OWN_SMS.replace("sms(SMS)", "sms(N)"),
+                      "a program count must be known at compile time; this depends on ['N']")
+    assert at(found) == (7, 30) and found.hint == "consts are known at compile time"

@@ -127,6 +127,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
             raise LoweringError(f"'{name}' is not a const of {schedule.name}; consts: {', '.join(schedule.consts)}")
         if name in schedule.tunables and value not in schedule.tunables[name]:
             raise LoweringError(f"{name}={value} is not one of its choices {list(schedule.tunables[name])}")
+    _check_program_counts(schedule, consts)
     order = dependency_order(schedule)
     cross_rank = {e.producer for e in schedule.edges if e.ranks is not ir.RankSet.LOCAL}
     waited = {e.producer for e in schedule.edges}
@@ -155,6 +156,20 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
         edges=[source_line(schedule, e.span) for e in schedule.edges])
 
 
+def _check_program_counts(schedule: ir.Schedule, consts: dict[str, int]) -> None:
+    """The checker proved the program counts fit on the GPU with the consts' defaults; counts that
+    are expressions of consts (`sms(RED_SMS)`) are checked again with the values built."""
+    from tiledsl.schedule.check import SM_COUNT
+    on_sms = [f for f in schedule.families.values() if f.engine.kind is not ir.EngineKind.COPY_ENGINE]
+    fixed = {f.name: f.engine.count(consts) for f in on_sms if f.engine.programs is not None}
+    spare = 1 if any(f.engine.programs is None for f in on_sms) else 0
+    if any(n <= 0 for n in fixed.values()) or sum(fixed.values()) > SM_COUNT - spare:
+        asks = ", ".join(f"'{name}' {n}" for name, n in fixed.items())
+        raise LoweringError(f"with these consts the families ask for {asks} SM programs: each needs at least one, "
+                            f"and together at most {SM_COUNT - spare} of the GPU's {SM_COUNT} SMs"
+                            + (", one left for sms(rest)" if spare else ""))
+
+
 def dependency_order(schedule: ir.Schedule) -> list[str]:
     graph = nx.DiGraph()
     graph.add_nodes_from(schedule.families)
@@ -173,7 +188,7 @@ def plan_family(schedule, family: ir.Family, consts, waited, cross_rank) -> Fami
     plan = FamilyPlan(
         name=family.name, kind=family.kind.value, engine=family.engine.kind.value,
         where=source_line(schedule, family.span), index_names=list(names), extents=extents, count=count,
-        host_extents=[code(e, kernel=False) for _, e in family.indices], programs=family.engine.programs,
+        host_extents=[code(e, kernel=False) for _, e in family.indices], programs=family.engine.count(consts),
         waits=waits_of(schedule, family), notify=notify, split=family.split,
         order_keys=[code(k, kernel=False) for k in family.order] or list(names),
         decode=decode_lines(family), ordered=bool(family.order))

@@ -192,8 +192,8 @@ class Program:
         env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
                              self.device)
         if self._epoch_cell is None:
-            # [epoch, programs finished, programs staged]: the counts a kernel that is its own entry keeps
-            self._epoch_cell = torch.zeros(3, dtype=torch.int32, device=self.device)
+            # [epoch, programs finished]: the second is the count a kernel that is its own entry keeps
+            self._epoch_cell = torch.zeros(2, dtype=torch.int32, device=self.device)
         res = self._resources_for(env)
         # A staged tensor has two faces: this rank's own accesses use the caller's tensor (an inout is
         # written there), peers read the copy staged in the heap at the call's start.
@@ -211,20 +211,22 @@ class Program:
         copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
                   for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
         roles, grid = (None, 0) if self.emulated else self._roles(env)
-        fold = self._folds_entry(copies, grid)
+        fold = self._folds_entry(copies, staged, grid)
         if roles is not None:
             roles["tds_ENTER"] = fold
         args = self._kernel_args(env, res, views, shared)
         if self.module.tds_DISTRIBUTED:
             args.update(tds_barrier=barrier[0], tds_peers_barrier=barrier[1])
-        args.update({f"tds_numel_{name}": tensors[name].numel() for name in shared})
         return _Call(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold)
 
-    def _folds_entry(self, copies, grid) -> bool:
-        """Whether the persistent kernel can be the call's entry itself, saving a launch: only when no
-        copy-engine chunk needs this call's epoch before the kernel starts. Emulated, where families
-        launch one by one, only when there is a single one."""
-        if copies or not self.fold_entry:
+    def _folds_entry(self, copies, staged, grid) -> bool:
+        """Whether the persistent kernel can be the call's entry itself (one launch fewer): only when no
+        copy-engine chunk needs this call's epoch before the kernel starts and no input is staged. A
+        staged input is copied before the entry kernel: staging inside the kernel (each program its
+        share, the last one signalling the peers) measured slower at every size, 8 KB one-shot 0.0157
+        against 0.0099 ms and 227 against 283 GB/s at 256 MB (bench/results/2026-11-29-world2-s9).
+        Emulated, where families launch one by one, only when there is a single one."""
+        if copies or staged or not self.fold_entry:
             return False
         if self.emulated:
             return len([f for f in self.module.tds_FAMILIES if f.name not in self.skip]) == 1
@@ -293,9 +295,9 @@ class Program:
 
     def _issue_serialised(self, call):
         """Emulated: the families one after another in dependency order, each in its own launch."""
-        if not call.fold:  # else the kernel stages and enters
-            for target, source in call.staged:
-                target.copy_(source)
+        for target, source in call.staged:
+            target.copy_(source)
+        if not call.fold:
             self._enter(call)
         for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
@@ -328,9 +330,9 @@ class Program:
         """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
         the persistent kernel on the current stream, joined at the end."""
         compute = torch.cuda.current_stream()
-        if not call.fold:  # else the kernel stages and enters
-            for target, source in call.staged:
-                target.copy_(source)
+        for target, source in call.staged:
+            target.copy_(source)
+        if not call.fold:
             self._enter(call)
         if call.copies:
             from tiledsl.runtime import copy_engine

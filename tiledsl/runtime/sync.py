@@ -67,24 +67,12 @@ def advance(epoch_cell):
 
 
 @triton.jit
-def stage(src_ptr, dst_ptr, numel, program, BLOCK: tl.constexpr):
-    """This program's share of copying a staged input into the heap, in blocks dealt round-robin to
-    the kernel's programs."""
-    for start in range(program * BLOCK, numel, tl.num_programs(0) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < numel), mask=offs < numel)
-
-
-@triton.jit
-def last_to_arrive(count_ptr):
+def last_to_finish(count_ptr):
     """Count this program in at `count_ptr`; True for the last of the kernel's programs, which resets
-    the count for the next call. Release and acquire at GPU scope (a system-scope fence in every
-    program costs microseconds): what every program stored before it counted itself happens before
-    whatever the last one does next, and the last one's system-scope release (the barrier's signal)
-    carries it to the other ranks, since release is cumulative. A kernel that is its call's entry
-    counts at its start (staged, then the barrier) and at its end (the last to finish stores the
-    epoch in the cell: every program read the cell before it counted itself, so all of them saw
-    the last call's epoch)."""
+    the count for the next call. A kernel that is its call's entry stores the epoch in the cell
+    there: every program read the cell before it counted itself, so all of them saw the last call's
+    epoch, and the next call's kernel, after this one on the stream, sees this one. GPU scope: a
+    system-scope fence in every program would cost microseconds, and only this GPU reads the cell."""
     tl.debug_barrier()
     last = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
     if last:

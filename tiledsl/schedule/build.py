@@ -138,13 +138,21 @@ class Builder:
             return sympy.ceiling(args[0] / args[1])
         return (sympy.Min if call.func == "min" else sympy.Max)(*args)
 
-    def constant(self, expr: ast.Expr, scope: _Scope, what: str) -> int | None:
+    def constant(self, expr: ast.Expr, scope: _Scope, what: str, of_consts: bool = False):
+        """A positive integer known at compile time; with `of_consts`, an expression of consts too
+        (its value is known once the program is built with its consts)."""
         value = self.size(expr, scope)
         if value is None:
             return None
+        consts = {ir.size_symbol(name) for name in self.consts}
+        if of_consts and not value.is_Integer and value.free_symbols <= consts:
+            if int(value.subs({ir.size_symbol(k): v for k, v in self.consts.items()})) <= 0:
+                self.fail(f"{what} must be positive", expr.span)
+                return None
+            return value
         if not value.is_Integer:
             self.fail(f"{what} must be known at compile time; this depends on {sorted(map(str, value.free_symbols))}",
-                      expr.span)
+                      expr.span, hint="consts are known at compile time" if of_consts else None)
             return None
         if int(value) <= 0:
             self.fail(f"{what} must be positive, not {int(value)}", expr.span)
@@ -246,7 +254,7 @@ class Builder:
             return ir.Engine(engine_kind, None, engine.span)
         if engine.amount is None:
             return ir.Engine(engine_kind, None if kind is ir.Kind.TILE else 1, engine.span)
-        programs = self.constant(engine.amount, scope, "a program count")
+        programs = self.constant(engine.amount, scope, "a program count", of_consts=True)
         return None if programs is None else ir.Engine(engine_kind, programs, engine.span)
 
     def index_space(self, indices, scope: _Scope):

@@ -74,11 +74,12 @@ def _resident_programs(schedule: ir.Schedule):
     on_sms = [f for f in schedule.families.values() if f.engine.kind is not ir.EngineKind.COPY_ENGINE]
     fixed = [f for f in on_sms if f.engine.programs is not None]
     rest = [f for f in on_sms if f.engine.programs is None]
-    total = sum(f.engine.programs for f in fixed)
+    count = {f.name: f.engine.count(schedule.consts) for f in fixed}
+    total = sum(count.values())
     if total <= SM_COUNT - (1 if rest else 0):
         return
-    largest = max(fixed, key=lambda f: f.engine.programs)
-    notes = [Note(f"'{f.name}' asks for {f.engine.programs}", site(f, f.engine.span)) for f in fixed
+    largest = max(fixed, key=lambda f: count[f.name])
+    notes = [Note(f"'{f.name}' asks for {count[f.name]}", site(f, f.engine.span)) for f in fixed
              if f is not largest]
     if total > SM_COUNT:
         message = f"the families ask for {total} resident SM programs, but the GPU has {SM_COUNT} SMs"

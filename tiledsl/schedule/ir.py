@@ -111,8 +111,16 @@ class Store:
 @dataclass(frozen=True)
 class Engine:
     kind: EngineKind
-    programs: int | None  # SM programs for SMS / NVSHMEM roles; None: all programs left over
+    # SM programs for SMS / NVSHMEM roles: a number, or an expression of consts (`sms(RED_SMS)`), fixed
+    # when the program is built with its consts; None: all programs left over
+    programs: int | sympy.Expr | None
     span: ast.Span = field(compare=False)
+
+    def count(self, consts: dict[str, int]) -> int | None:
+        """The program count with these const values."""
+        if self.programs is None or isinstance(self.programs, int):
+            return self.programs
+        return int(self.programs.subs({size_symbol(k): v for k, v in consts.items()}))
 
 
 @dataclass(frozen=True)
