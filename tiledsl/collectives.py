@@ -18,10 +18,10 @@ ALGORITHMS = {"one_shot": "allreduce", "two_shot": "allreduce_two_shot"}  # prog
 # (bench/results/2026-11-29/collectives_world4.json); the pull programs are not yet measured there.
 DEFAULT_THRESHOLD_BYTES = 1024 * 1024
 # Launch options per algorithm, measured at world 2: one-shot with 16 warps a program read 282 GB/s at
-# 256 MB against 161 with 4, and was as fast or faster at every smaller size; 8192 elements a tile
-# instead of 2048 read 287 against 283 GB/s at 256 MB and 274 against 270 at 64 MB, and was within
-# noise below (bench/results/2026-11-29-world2-s9/run3-f7c4392).
-ALGORITHM_OPTIONS = {"one_shot": {"num_warps": 16, "BLOCK": 8192}, "two_shot": {}}
+# 256 MB against 161 with 4, and was as fast or faster at every smaller size. 8192 elements a tile
+# instead of 2048 read 1% more at 64 and 256 MB, and was as fast below in one run and up to 2x slower
+# at 16-256 KB in the next (bench/results/2026-11-29-world2-s9/run3-f7c4392, run4-d0e9c00): kept 2048.
+ALGORITHM_OPTIONS = {"one_shot": {"num_warps": 16}, "two_shot": {}}
 DECLARED_DTYPE = torch.bfloat16  # the dtype the programs declare; others run through dtype_override
 
 
