@@ -104,7 +104,7 @@ def crossover(rows) -> int | None:
     return found
 
 
-def gemm_ar_row(program, push, M, world):
+def gemm_ar_row(program, variants, M, world):
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     A = torch.randn(M, GEMM_NK // world, **bf16)
     B = torch.randn(GEMM_NK // world, GEMM_NK, **bf16)
@@ -112,7 +112,8 @@ def gemm_ar_row(program, push, M, world):
     row = {"op": "gemm_ar", "world": world, "M": M, "N": GEMM_NK, "K": GEMM_NK}
     row["tiledsl"] = time_program(program, A, B, C, timer=time_loop_ms)
     row["alone_tiledsl"] = time_program(program, A, B, C)
-    row["tiledsl_push"] = time_program(push, A, B, C, timer=time_loop_ms)
+    for key, variant in variants.items():
+        row[f"tiledsl_{key}"] = time_program(variant, A, B, C, timer=time_loop_ms)
     row["gemm"] = slowest(time_loop_ms(lambda: torch.matmul(A, B, out=C)))
     row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(C)))
 
@@ -168,12 +169,15 @@ def main() -> int:
                   f"auto {row['alone_auto']:.4f}, nccl {row['alone_nccl']:.4f}", flush=True)
     threshold = crossover(rows)
     gemm_ar = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap)
-    gemm_ar_push = tiledsl.compile(GEMM_AR_PUSH, heap)
+    # the earlier push program, and the entry kernel instead of the folded entry
+    gemm_ar_variants = {"push": tiledsl.compile(GEMM_AR_PUSH, heap),
+                        "entry_kernel": tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, fold_entry=False)}
     for M in GEMM_M:
-        row = gemm_ar_row(gemm_ar, gemm_ar_push, M, world)
+        row = gemm_ar_row(gemm_ar, gemm_ar_variants, M, world)
         rows.append(row)
         if rank == 0:
-            print(f"gemm_ar M={M:<4} N=K={GEMM_NK} world {world}: tiledsl {row['tiledsl']:.4f} ms (push {row['tiledsl_push']:.4f}), "
+            print(f"gemm_ar M={M:<4} N=K={GEMM_NK} world {world}: tiledsl {row['tiledsl']:.4f} ms (push {row['tiledsl_push']:.4f}, "
+                  f"entry kernel {row['tiledsl_entry_kernel']:.4f}), "
                   f"sequential {row['sequential']:.4f}, gemm {row['gemm']:.4f}, nccl {row['nccl']:.4f}; one call alone: "
                   f"tiledsl {row['alone_tiledsl']:.4f}, sequential {row['alone_sequential']:.4f}", flush=True)
     if rank == 0:

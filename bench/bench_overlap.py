@@ -44,11 +44,13 @@ def main() -> int:
     # kept; experiments (bench/experiments/) are timed beside them but never count as the best
     ag = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
           for name in ("ag_gemm", "ag_gemm_push")} if "ag_gemm" in only else None
+    # product tiles in groups of 8 rows within each owner's rows, instead of column by column
+    ag_experiments = {"ag_gemm_grouped": tiledsl.compile(EXPERIMENTS / "ag_gemm_grouped.tds", heap)} \
+        if "ag_gemm" in only else {}
     rs = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
           for name in ("gemm_rs", "gemm_rs_pull")} if "gemm_rs" in only else None
-    # gemm_rs_pull with its reduce tiles on programs of their own, 16 or 32 of the GPU's 132
-    rs_experiments = {f"gemm_rs_pull_own{sms}": tiledsl.compile(EXPERIMENTS / "gemm_rs_pull_own.tds", heap, RED_SMS=sms)
-                      for sms in (16, 32)} if "gemm_rs" in only else {}
+    rs_experiments = {"gemm_rs_pull_grouped": tiledsl.compile(EXPERIMENTS / "gemm_rs_pull_grouped.tds", heap)} \
+        if "gemm_rs" in only else {}
     rows = []
     for model, (N, K) in SHAPES.items():
         bf16 = dict(device="cuda", dtype=torch.bfloat16)
@@ -58,7 +60,7 @@ def main() -> int:
             C = torch.empty(M, N // world, **bf16)
             full = torch.empty(M, K, **bf16)
             row = {"op": "ag_gemm", "model": model, "world": world, "M": M, "N": N, "K": K}
-            for name, program in ag.items():
+            for name, program in {**ag, **ag_experiments}.items():
                 row[name] = time_program(program, A, B, C)
             row["tiledsl"] = min(row[name] for name in ag)
             row["gemm"] = slowest(time_ms(lambda: torch.matmul(full, B, out=C)))
