@@ -49,8 +49,8 @@ def main() -> int:
         if "ag_gemm" in only else {}
     rs = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
           for name in ("gemm_rs", "gemm_rs_pull")} if "gemm_rs" in only else None
-    rs_experiments = {"gemm_rs_pull_grouped": tiledsl.compile(EXPERIMENTS / "gemm_rs_pull_grouped.tds", heap)} \
-        if "gemm_rs" in only else {}
+    rs_experiments = {name: tiledsl.compile(EXPERIMENTS / f"{name}.tds", heap)
+                      for name in ("gemm_rs_pull_grouped", "gemm_rs_ce")} if "gemm_rs" in only else {}
     rows = []
     for model, (N, K) in SHAPES.items():
         bf16 = dict(device="cuda", dtype=torch.bfloat16)

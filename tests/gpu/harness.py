@@ -30,6 +30,10 @@ class Checks:
         self.failures = 0
 
     def record(self, name: str, check) -> bool:
+        """Run one check on every rank and print one PASS/FAIL line. CHECKS_ONLY=TEXT runs only the
+        checks whose name contains TEXT (to try one new program first, under a short time limit)."""
+        if os.environ.get("CHECKS_ONLY", "") not in name:
+            return True
         try:
             check()
             mine = (True, "")

@@ -21,8 +21,15 @@ class FakeDriver:
         self.CUstream = lambda handle: ("stream", handle)
         self.CUdeviceptr = lambda address: address
 
+    class CUstreamWaitValue_flags:  # noqa: N801 - the driver's name
+        CU_STREAM_WAIT_VALUE_GEQ = "geq"
+
     def cuMemcpyAsync(self, dst, src, nbytes, stream):  # noqa: N802 - the driver's name
         self.calls.append((dst, src, nbytes))
+        return (self.CUresult.CUDA_SUCCESS,)
+
+    def cuStreamWaitValue32(self, stream, address, value, flags):  # noqa: N802 - the driver's name
+        self.calls.append(("wait", address, value, flags))
         return (self.CUresult.CUDA_SUCCESS,)
 
 
@@ -64,3 +71,17 @@ def test_a_misaligned_signal_slot_is_refused_when_the_list_is_made(driver):
     with pytest.raises(ValueError, match="not 4-byte aligned"):
         copy_engine.CopyList(types.SimpleNamespace(cuda_stream=1), [(torch.zeros(2), torch.ones(2), [66])],
                              torch.zeros(1, dtype=torch.int32))
+
+
+def test_a_chunk_waits_on_its_counts_before_its_copy_with_the_same_values_every_call(driver):
+    cell = torch.zeros(1, dtype=torch.int32)
+    a, b = torch.zeros(8), torch.ones(8)
+    c, d = torch.zeros(4), torch.ones(4)
+    stream = types.SimpleNamespace(cuda_stream=7)
+    copies = copy_engine.CopyList(stream, [(a, b, [64], [(256, 112)]), (c, d, [128], [(260, 112), (264, 3)])], cell)
+    copies.issue()
+    assert driver.calls == [("wait", 256, 112, "geq"), (a.data_ptr(), b.data_ptr(), 32), (64, cell.data_ptr(), 4),
+                            ("wait", 260, 112, "geq"), ("wait", 264, 3, "geq"), (c.data_ptr(), d.data_ptr(), 16),
+                            (128, cell.data_ptr(), 4)]
+    copies.issue()  # counts are zeroed at each call, so the values to wait for never change
+    assert driver.calls[7:] == driver.calls[:7]

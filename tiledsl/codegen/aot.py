@@ -54,7 +54,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
         elif name.startswith("tds_sig_"):
             producer = families[name[8:]]
             signature[name] = "*i64" if producer.engine == "nvshmem" else "*i32"
-        elif name.startswith("tds_order_") or name in ("tds_diag", "tds_epoch_cell", "tds_barrier"):
+        elif name.startswith(("tds_order_", "tds_count_")) or name in ("tds_diag", "tds_epoch_cell", "tds_barrier"):
             signature[name] = "*i32"
         elif name.startswith("tds_desc_"):
             family, side = name[9:].rsplit("_", 1)

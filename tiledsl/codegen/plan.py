@@ -53,6 +53,10 @@ class FamilyPlan:
     flatten: bool = False         # the persistent loop and the K loop are one pipeline (TMA loads of the
                                   # next tile start during this tile's epilogue)
     blocks: dict[str, str] = field(default_factory=dict)  # launch-time constexpr block sizes (host code)
+    counted: bool = False         # each instance also adds one to a count per first index, which
+                                  # copy-engine chunks wait on (the stream cannot wait on many slots)
+    host_waits: list = field(default_factory=list)  # copy engine: (producer, host code of the awaited
+                                                    # count's index, host code of the count to reach, edge)
 
 
     @property
@@ -130,11 +134,19 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
     _check_program_counts(schedule, consts)
     order = dependency_order(schedule)
     cross_rank = {e.producer for e in schedule.edges if e.ranks is not ir.RankSet.LOCAL}
-    waited = {e.producer for e in schedule.edges}
+    # producers with a waiting kernel family signal epochs; a copy-engine consumer waits on counts
+    waited = {e.producer for e in schedule.edges
+              if schedule.families[e.consumer].engine.kind is not ir.EngineKind.COPY_ENGINE}
     families = []
     for name in order:
         family = schedule.families[name]
         families.append(plan_family(schedule, family, consts, waited, cross_rank))
+    counted = {wait[0] for f in families for wait in f.host_waits}
+    for f in families:
+        f.counted = f.name in counted
+        # a flattened product with a count in its loop loses its software pipeline (Triton 3.9 gives
+        # it one shared-memory stage: 64 KB against 147 KB unflattened for gemm_rs_ce)
+        f.flatten = f.flatten and not f.counted
     if any(f.kind == "chunk" and f.engine != "copy_engine" for f in families):
         # With a chunk's copy loop in the same kernel, Triton 3.6-3.9 stop pipelining a flattened
         # product (one shared-memory stage in gemm_ar and gemm_rs_push): keep those unflattened.
@@ -201,9 +213,8 @@ def plan_family(schedule, family: ir.Family, consts, waited, cross_rank) -> Fami
         # Flattening lets the pipeliner issue the next tile's TMA loads before that tile's wait: only
         # a product that waits on nothing may be flattened (seen on H200: stale rows of A_all otherwise).
         plan.flatten = not plan.waits
-    if plan.engine == "copy_engine" and plan.waits:
-        raise LoweringError(f"chunk '{family.name}' on the copy engine waits on other families; "
-                            "only SM and nvshmem chunks can wait for now")
+    if plan.engine == "copy_engine":
+        plan.host_waits = copy_engine_waits(schedule, family)
     if family.kind is ir.Kind.TILE:
         tile = TileLowering(schedule, family, consts).lower()
         plan.lines, plan.matmul = tile.lines, tile.matmul
@@ -213,11 +224,33 @@ def plan_family(schedule, family: ir.Family, consts, waited, cross_rank) -> Fami
     return plan
 
 
-def waits_of(schedule: ir.Schedule, family: ir.Family) -> list[Wait]:
+def copy_engine_waits(schedule: ir.Schedule, family: ir.Family) -> list[tuple[str, str, str, int]]:
+    """What a copy-engine chunk waits for before its copy: the communication stream waits on one
+    count per edge, so an edge must name one row of a kernel family's instances on this rank,
+    `mm[i, *]` (or `red[i]`): the producer counts its instances per first index, and the stream
+    waits until the row's count reaches its number of instances (counts are zeroed at each call)."""
     waits = []
     for edge_id, edge in enumerate(schedule.edges):
         if edge.consumer != family.name:
             continue
+        producer = schedule.families[edge.producer]
+        first, rest = edge.index_map[0], edge.index_map[1:]
+        if (producer.engine.kind is ir.EngineKind.COPY_ENGINE or edge.ranks is not ir.RankSet.LOCAL
+                or first is None or any(m is not None for m in rest)):
+            raise LoweringError(
+                f"chunk '{family.name}' on the copy engine can wait only on a row of a kernel family on "
+                f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; "
+                f"`{edge.producer}` at {source_line(schedule, edge.span)} is not one")
+        count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
+        waits.append((producer.name, code(first, kernel=False), code(count, kernel=False), edge_id))
+    return waits
+
+
+def waits_of(schedule: ir.Schedule, family: ir.Family) -> list[Wait]:
+    waits = []
+    for edge_id, edge in enumerate(schedule.edges):
+        if edge.consumer != family.name or family.engine.kind is ir.EngineKind.COPY_ENGINE:
+            continue  # a copy-engine chunk's waits are the stream's (copy_engine_waits)
         producer = schedule.families[edge.producer]
         loops, index_codes = [], []
         for n, (mapped, (sym, extent)) in enumerate(zip(edge.index_map, producer.indices)):

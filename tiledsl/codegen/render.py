@@ -32,6 +32,7 @@ def render(plan: KernelPlan) -> str:
         tensors=plan.tensors, families=plan.families, kernel_families=plan.kernel_families,
         copy_families=plan.copy_families, signalled=plan.signalled,
         ordered=[f for f in plan.kernel_families if f.ordered],
+        counted=[f for f in plan.kernel_families if f.counted],
         matmuls=[f for f in plan.kernel_families if f.matmul], params=plan.params, consts=plan.consts,
         blocks=blocks, edges=plan.edges, param_sources=plan.param_sources, conditions=plan.conditions,
         distributed=plan.distributed, uses_nvshmem=plan.uses_nvshmem, unpack=unpack,

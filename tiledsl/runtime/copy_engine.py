@@ -1,8 +1,8 @@
 """Copy-engine chunks: a peer copy on a communication stream, then a signal written by the stream itself.
 
 No SM runs any of it. A program's chunks go through `CopyList`: each copy is one cuMemcpyAsync (the copy
-engine) and each signal a 4-byte copy of the epoch cell into the slot, so a call can be captured in a
-CUDA graph. `copy_and_signal`, `write_signal` (cuStreamWriteValue32) and `wait_value`
+engine), each signal a 4-byte copy of the epoch cell into the slot, and each wait on kernel tiles a
+cuStreamWaitValue32 on a count the tiles keep, so a call can be captured in a CUDA graph. `copy_and_signal`, `write_signal` (cuStreamWriteValue32) and `wait_value`
 (cuStreamWaitValue32) are the single-use forms the runtime smoke test exercises. Signals are int32
 slots holding epoch numbers, so they never need resetting.
 """
@@ -53,12 +53,14 @@ def wait_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
 
 
 class CopyList:
-    """A fixed list of copy-engine chunks, each a copy then its signals, issued the same way at every
-    call. Contiguous copies go straight to cuMemcpyAsync with driver handles made once, a few
-    microseconds each; anything else takes torch's copy. A signal is a 4-byte copy of the epoch cell
-    (which the call's entry kernel advanced) into the slot: like the data, it is the same operation at
-    every call, so the list can be captured in a CUDA graph. Copies on one stream run in order, so the
-    slot changes only once the data before it has landed."""
+    """A fixed list of copy-engine chunks, each waits then a copy then its signals, issued the same
+    way at every call. A wait (address, count) holds the stream until the int32 there reaches the
+    count (cuStreamWaitValue32): kernel tiles count themselves there, zeroed at each call, so the
+    value is the same at every call. Contiguous copies go straight to cuMemcpyAsync with driver
+    handles made once, a few microseconds each; anything else takes torch's copy. A signal is a
+    4-byte copy of the epoch cell (which the call's entry kernel advanced) into the slot: like the
+    data, it is the same operation at every call, so the list can be captured in a CUDA graph.
+    Copies on one stream run in order, so the slot changes only once the data before it has landed."""
 
     def __init__(self, stream: torch.cuda.Stream, ops, epoch_cell: torch.Tensor):
         driver = self._driver = _driver()
@@ -66,22 +68,30 @@ class CopyList:
         self._torch_stream = stream
         self._cell = driver.CUdeviceptr(epoch_cell.data_ptr())
         self._ops = []
-        for target, source, addresses in ops:
+        for op in ops:
+            target, source, addresses = op[:3]
+            waits = op[3] if len(op) > 3 else ()
             for address in addresses:
                 _check_slot(address, 0)
+            for address, count in waits:
+                _check_slot(address, count)
             signals = [driver.CUdeviceptr(a) for a in addresses]
+            waits = [(driver.CUdeviceptr(a), count) for a, count in waits]
             if (target.dtype == source.dtype and target.shape == source.shape and target.is_contiguous()
                     and source.is_contiguous()):
                 raw = (driver.CUdeviceptr(target.data_ptr()), driver.CUdeviceptr(source.data_ptr()),
                        target.numel() * target.element_size())
-                self._ops.append((raw, None, signals))
+                self._ops.append((waits, raw, None, signals))
             else:
-                self._ops.append((None, (target, source), signals))
+                self._ops.append((waits, None, (target, source), signals))
 
     def issue(self) -> None:
-        """Enqueue every copy and signal on the stream (which must already follow their sources)."""
+        """Enqueue every wait, copy and signal on the stream (which must already follow their sources)."""
         driver = self._driver
-        for raw, tensors, signals in self._ops:
+        geq = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ if any(op[0] for op in self._ops) else None
+        for waits, raw, tensors, signals in self._ops:
+            for address, count in waits:
+                _check(driver, driver.cuStreamWaitValue32(self._stream, address, count, geq), "cuStreamWaitValue32")
             if raw is not None:
                 _check(driver, driver.cuMemcpyAsync(*raw, self._stream), "cuMemcpyAsync")
             else:

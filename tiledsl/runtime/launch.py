@@ -45,6 +45,7 @@ class _Call:
     grid: int
     options: dict
     fold: bool            # the kernel is the call's entry (no separate entry launch)
+    counts: list          # per-row counts of instances done that copy-engine chunks wait on, zeroed first
     # after the first call on a GPU: the compiled entry and kernel relaunched directly, the copies
     # prepared; from the second, the whole call replayed from a CUDA graph
     issued: bool = False
@@ -129,6 +130,9 @@ class Program:
             elif spec.role == "local":
                 res[spec.name] = torch.empty(shapes[spec.name], dtype=dtype, device=self.device)
         for spec in self.module.tds_FAMILIES:
+            if spec.counted:
+                # instances done per first index, zeroed at each call (one per instance is room enough)
+                res[f"count_{spec.name}"] = torch.zeros(counts[spec.name], dtype=torch.int32, device=self.device)
             if spec.notify:
                 slots = counts[spec.name] * spec.split
                 # NVSHMEM writes 64-bit signals; everything else uses 32-bit slots
@@ -217,7 +221,8 @@ class Program:
         args = self._kernel_args(env, res, views, shared)
         if self.module.tds_DISTRIBUTED:
             args.update(tds_barrier=barrier[0], tds_peers_barrier=barrier[1])
-        return _Call(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold)
+        counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
+        return _Call(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold, counts)
 
     def _folds_entry(self, copies, staged, grid) -> bool:
         """Whether the persistent kernel can be the call's entry itself (one launch fewer): only when no
@@ -247,6 +252,8 @@ class Program:
                     a[f"tds_peers_sig_{spec.name}"] = self._peer_offsets(res[f"sig_{spec.name}"])
             if spec.ordered:
                 a[f"tds_order_{spec.name}"] = res[f"order_table_{spec.name}"]
+            if spec.counted:
+                a[f"tds_count_{spec.name}"] = res[f"count_{spec.name}"]
             if spec.matmul:
                 a.update(self._descriptors(spec.name, env, views))
         return a
@@ -297,13 +304,21 @@ class Program:
         """Emulated: the families one after another in dependency order, each in its own launch."""
         for target, source in call.staged:
             target.copy_(source)
+        for count in call.counts:
+            count.zero_()
         if not call.fold:
             self._enter(call)
         for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
                 continue
             if spec.engine == "copy_engine":
-                for target, source, signals in call.copies[spec.name]:
+                for target, source, signals, waits in call.copies[spec.name]:
+                    for count, index, expected, edge in waits:
+                        if int(count[index]) < expected:  # emulated, the producer ran first or never will
+                            raise ScheduleTimeout(
+                                f"rank {self.rank} timed out waiting on edge {edge}: {self.module.tds_EDGES[edge]} "
+                                f"(copy engine, row {index}: expected {expected} instances done, saw "
+                                f"{int(count[index])})")
                     target.copy_(source)
                     for signal, slot in signals:
                         signal.view(-1)[slot] = self.epoch
@@ -332,6 +347,8 @@ class Program:
         compute = torch.cuda.current_stream()
         for target, source in call.staged:
             target.copy_(source)
+        for count in call.counts:
+            count.zero_()
         if not call.fold:
             self._enter(call)
         if call.copies:
@@ -373,8 +390,12 @@ class Program:
         graph.replay()
 
     def _copy_ops(self, spec, env, res, views, shared) -> list:
-        """(target, source, signals) for each instance in order; signals are (tensor, slot) pairs when
-        emulated and device addresses of the slots the epoch is copied into on a GPU."""
+        """(target, source, signals, waits) for each instance in order. Signals are (tensor, slot) pairs
+        when emulated and device addresses of the slots the epoch is copied into on a GPU; waits are
+        (count tensor, index, count to reach, edge) when emulated and (device address, count) on a GPU.
+        A wait on the stream has no bound, but the tiles it counts never hang (their own waits are
+        bounded), so every count completes; on a GPU, families left out on purpose (`skip`) are not
+        waited on (emulated, the wait fails by name)."""
         def tensor(name, owner):
             if owner is None or owner == self.rank:
                 return views[name]
@@ -382,6 +403,7 @@ class Program:
 
         signals = res.get(f"sig_{spec.name}")
         view_of = getattr(self.module, f"tds_views_{spec.name}")
+        waits_of = getattr(self.module, f"tds_waits_{spec.name}", None)
         count = self.module.tds_counts(env)[spec.name]
         ops = []
         for instance in res[f"order_{spec.name}"]:
@@ -389,9 +411,13 @@ class Program:
             slot = self.rank * spec.split * count + instance * spec.split
             ranks = [] if signals is None else ([owner] if spec.notify == "local" else list(range(self.world)))
             copies = [(self._signal_view(signals, r), slot) for r in ranks]
+            waits = [(res[f"count_{producer}"], index, expected, edge)
+                     for producer, index, expected, edge in (waits_of(env, instance) if waits_of else [])
+                     if producer not in self.skip or self.emulated]
             if not self.emulated:
                 copies = [view.data_ptr() + view.element_size() * slot for view, slot in copies]
-            ops.append((target, source, copies))
+                waits = [(c.data_ptr() + c.element_size() * index, expected) for c, index, expected, _ in waits]
+            ops.append((target, source, copies, waits))
         return ops
 
     def _signal_view(self, signals, r):

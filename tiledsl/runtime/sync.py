@@ -57,6 +57,15 @@ def notify(sig_ptr, epoch):
 
 
 @triton.jit
+def count(count_ptr):
+    """One more instance of a row done: the communication stream waits until the row's count is
+    complete, then copies it. Release at system scope, as for a signal: the copy engine reads the
+    instance's stores after it sees the count."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release", scope="sys")
+
+
+@triton.jit
 def advance(epoch_cell):
     """A call's first step on the GPU, in an entry kernel of its own: the epoch cell moves to this call's epoch, which every later
     kernel of the call reads. Every thread reads before any writes."""
