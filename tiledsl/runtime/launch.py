@@ -352,14 +352,11 @@ class Program:
         if not call.fold:
             self._enter(call)
         if call.copies:
-            from tiledsl.runtime import copy_engine
             if self._comm_stream is None:
                 self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
-            if call.copy_list is None:
-                call.copy_list = copy_engine.CopyList(
-                    self._comm_stream, [op for ops in call.copies.values() for op in ops], self._epoch_cell)
-            self._comm_stream.wait_stream(compute)
-            call.copy_list.issue()
+            self._comm_stream.wait_stream(compute)  # the copies follow the staging and the entry
+        # The kernel goes first: copies may wait on its tiles' counts, and its first launch loads the
+        # compiled module, which waits for the device's work, the stream waiting on the counts too.
         if call.kernel_replay is not None:
             call.kernel_replay()
         elif call.grid:
@@ -368,6 +365,11 @@ class Program:
                 call.kernel_replay = Replay(self.module.tds_kernel, compiled, (call.grid,),
                                             {**call.kernel_args, **call.roles})
         if call.copies:
+            from tiledsl.runtime import copy_engine
+            if call.copy_list is None:
+                call.copy_list = copy_engine.CopyList(
+                    self._comm_stream, [op for ops in call.copies.values() for op in ops], self._epoch_cell)
+            call.copy_list.issue()
             # the next call's staging and barrier must come after this call's copies
             compute.wait_stream(self._comm_stream)
 
