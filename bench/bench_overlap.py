@@ -48,9 +48,9 @@ def main() -> int:
     ag_experiments = {"ag_gemm_grouped": tiledsl.compile(EXPERIMENTS / "ag_gemm_grouped.tds", heap)} \
         if "ag_gemm" in only else {}
     rs = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
-          for name in ("gemm_rs", "gemm_rs_pull")} if "gemm_rs" in only else None
+          for name in ("gemm_rs", "gemm_rs_pull", "gemm_rs_ce")} if "gemm_rs" in only else None
     rs_experiments = {name: tiledsl.compile(EXPERIMENTS / f"{name}.tds", heap)
-                      for name in ("gemm_rs_pull_grouped", "gemm_rs_ce")} if "gemm_rs" in only else {}
+                      for name in ("gemm_rs_pull_grouped",)} if "gemm_rs" in only else {}
     rows = []
     for model, (N, K) in SHAPES.items():
         bf16 = dict(device="cuda", dtype=torch.bfloat16)

@@ -14,7 +14,6 @@ import tiledsl
 from tiledsl.runtime.launch import LaunchError, ScheduleTimeout
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "bench" / "experiments"
 CALLS = 100
 
 
@@ -58,9 +57,9 @@ def gemm_rs_inputs(world, M, K, N):
     return A, B, want
 
 
-def gemm_rs_check(rank, world, heap, M, K, N, name="gemm_rs", folder=PROGRAMS):
+def gemm_rs_check(rank, world, heap, M, K, N, name="gemm_rs"):
     def run():
-        program = tiledsl.compile(folder / f"{name}.tds", heap)
+        program = tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
         A, B, want = gemm_rs_inputs(world, M, K, N)
         repeat(program, lambda: torch.empty(M // world, N, device="cuda", dtype=torch.bfloat16), (A, B), want)
     return run
@@ -123,9 +122,9 @@ def main() -> int:
         for variant in ("gemm_rs_push", "gemm_rs_pull"):
             record(f"{variant} sms M={M} K={K * world} N={N}",
                    gemm_rs_check(rank, world, heap, M, K * world, N, variant))
-        # the experiment: rows sent by the copy engine once the stream sees their tiles counted
+        # rows sent by the copy engine once the stream sees their tiles counted
         record(f"gemm_rs_ce copy_engine M={M} K={K * world} N={N}",
-               gemm_rs_check(rank, world, heap, M, K * world, N, "gemm_rs_ce", EXPERIMENTS))
+               gemm_rs_check(rank, world, heap, M, K * world, N, "gemm_rs_ce"))
 
     def all_reduce(x):
         y = x.float().clone()

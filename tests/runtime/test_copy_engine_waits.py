@@ -15,7 +15,7 @@ from tiledsl.runtime.emulate import run_ranks
 from tiledsl.runtime.run_program import EMULATED_DTYPES, run_emulated
 
 ROOT = Path(__file__).resolve().parents[2]
-GEMM_RS_CE = ROOT / "bench" / "experiments" / "gemm_rs_ce.tds"
+GEMM_RS_CE = ROOT / "programs" / "gemm_rs_ce.tds"
 
 
 def test_the_product_counts_its_tiles_per_row_and_the_chunk_waits_for_a_whole_row():
