@@ -10,13 +10,10 @@ process per rank) the families run one after another in dependency order, each i
 legal serialisation of the same schedule, since every edge points forward in that order."""
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
-
 import torch
 
 from tiledsl.runtime import sync, validate
-from tiledsl.runtime.replay import Replay
+from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout  # noqa: F401 - ScheduleTimeout is raised here and imported from here
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
     FamilySpec, TensorSpec, kernel_options, linear, pipeline_stages, pow2_at_least, unlinear)
 from tiledsl.runtime.validate import LaunchError
@@ -28,34 +25,7 @@ MAX_PREPARED_CALLS = 64
 SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
 
 
-class ScheduleTimeout(RuntimeError):
-    """A wait ran past its bound: the message names the rank, the edge and the epochs."""
-
-
-@dataclass
-class _Call:
-    """What one call needs, prepared once per set of caller tensors."""
-    env: dict
-    diag: torch.Tensor
-    staged: list          # (heap buffer, caller tensor) copied in at the start of each call
-    barrier: tuple        # entry-barrier arguments before the epoch cell
-    kernel_args: dict
-    copies: dict          # copy-engine family -> [(target, source, signals)] in order
-    roles: dict | None
-    grid: int
-    options: dict
-    fold: bool            # the kernel is the call's entry (no separate entry launch)
-    counts: list          # per-row counts of instances done that copy-engine chunks wait on, zeroed first
-    # after the first call on a GPU: the compiled entry and kernel relaunched directly, the copies
-    # prepared; from the second, the whole call replayed from a CUDA graph
-    issued: bool = False
-    enter_replay: Replay | None = None
-    kernel_replay: Replay | None = None
-    copy_list: object = None
-    graph: object = None
-
-
-class Program:
+class Program(Issuing):
     """A compiled program bound to a rank. Call it with the caller's tensors (in, out and inout, in
     declaration order, or by name); it returns the out and inout tensors."""
 
@@ -192,7 +162,7 @@ class Program:
         outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _prepare(self, tensors, parity: int) -> "_Call":
+    def _prepare(self, tensors, parity: int) -> "PreparedCall":
         env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
                              self.device)
         if self._epoch_cell is None:
@@ -222,7 +192,7 @@ class Program:
         if self.module.tds_DISTRIBUTED:
             args.update(tds_barrier=barrier[0], tds_peers_barrier=barrier[1])
         counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
-        return _Call(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold, counts)
+        return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold, counts)
 
     def _folds_entry(self, copies, staged, grid) -> bool:
         """Whether the persistent kernel can be the call's entry itself (one launch fewer): only when no
@@ -299,97 +269,6 @@ class Program:
             nvshmem_device.init_module_hook()
             options["extern_libs"] = nvshmem_device.extern_libs()
         return options
-
-    def _issue_serialised(self, call):
-        """Emulated: the families one after another in dependency order, each in its own launch."""
-        for target, source in call.staged:
-            target.copy_(source)
-        for count in call.counts:
-            count.zero_()
-        if not call.fold:
-            self._enter(call)
-        for spec in self.module.tds_FAMILIES:
-            if spec.name in self.skip:
-                continue
-            if spec.engine == "copy_engine":
-                for target, source, signals, waits in call.copies[spec.name]:
-                    for count, index, expected, edge in waits:
-                        if int(count[index]) < expected:  # emulated, the producer ran first or never will
-                            raise ScheduleTimeout(
-                                f"rank {self.rank} timed out waiting on edge {edge}: {self.module.tds_EDGES[edge]} "
-                                f"(copy engine, row {index}: expected {expected} instances done, saw "
-                                f"{int(count[index])})")
-                    target.copy_(source)
-                    for signal, slot in signals:
-                        signal.view(-1)[slot] = self.epoch
-            else:
-                roles, grid = self._roles(call.env, only=spec.name)
-                roles["tds_ENTER"] = call.fold
-                self.module.tds_launch_kernel((grid,), call.kernel_args, roles, call.options)
-
-    def _enter(self, call):
-        """Advance the epoch cell; a program that communicates also passes the entry barrier: every
-        rank has staged its inputs and finished reading the last call's."""
-        if call.enter_replay is not None:
-            call.enter_replay()
-            return
-        if self.module.tds_DISTRIBUTED:
-            function, args = sync.barrier_all, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
-        else:
-            function, args = sync.enter, (self._epoch_cell,)
-        compiled = function[(1,)](*args)
-        if self.replay:
-            call.enter_replay = Replay(function, compiled, (1,), dict(zip(function.arg_names, args)))
-
-    def _issue(self, call):
-        """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
-        the persistent kernel on the current stream, joined at the end."""
-        compute = torch.cuda.current_stream()
-        for target, source in call.staged:
-            target.copy_(source)
-        for count in call.counts:
-            count.zero_()
-        if not call.fold:
-            self._enter(call)
-        if call.copies:
-            if self._comm_stream is None:
-                self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
-            self._comm_stream.wait_stream(compute)  # the copies follow the staging and the entry
-        # The kernel goes first: copies may wait on its tiles' counts, and its first launch loads the
-        # compiled module, which waits for the device's work, the stream waiting on the counts too.
-        if call.kernel_replay is not None:
-            call.kernel_replay()
-        elif call.grid:
-            compiled = self.module.tds_launch_kernel((call.grid,), call.kernel_args, call.roles, call.options)
-            if self.replay:
-                call.kernel_replay = Replay(self.module.tds_kernel, compiled, (call.grid,),
-                                            {**call.kernel_args, **call.roles})
-        if call.copies:
-            from tiledsl.runtime import copy_engine
-            if call.copy_list is None:
-                call.copy_list = copy_engine.CopyList(
-                    self._comm_stream, [op for ops in call.copies.values() for op in ops], self._epoch_cell)
-            call.copy_list.issue()
-            # the next call's staging and barrier must come after this call's copies
-            compute.wait_stream(self._comm_stream)
-
-    def _capture(self, call):
-        """Record the call into a CUDA graph and run it; later calls with these tensors replay it, one
-        launch from the host. Every argument is the same at every call (the epoch lives on the device),
-        so the graph is valid for as long as the tensors are. If capture fails, launch directly."""
-        graph = torch.cuda.CUDAGraph()
-        try:
-            # thread-local: NCCL's watchdog thread may query events while this thread captures
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._issue(call)
-        except Exception as error:  # noqa: BLE001 - a capture that fails costs speed, not results
-            warnings.warn(f"tiledsl: CUDA graph capture failed ({type(error).__name__}: {error}); "
-                          "launching each call directly from now on", stacklevel=3)
-            self.graphs = False
-            self._issue(call)
-            return
-        call.graph = graph
-        graph.replay()
 
     def _copy_ops(self, spec, env, res, views, shared) -> list:
         """(target, source, signals, waits) for each instance in order. Signals are (tensor, slot) pairs
