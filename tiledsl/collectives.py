@@ -2,7 +2,9 @@
 
 `AllReduce` picks one-shot (`allreduce.tds`: every rank reads all of X from every rank, one step, the
 lowest latency) below a message size and two-shot (`allreduce_two_shot.tds`: reduce-scatter then
-all-gather, each rank reads 2 (world-1)/world of X, the most bandwidth) above it."""
+all-gather, each rank reads 2 (world-1)/world of X, the most bandwidth) above it. `GemmReduceScatter`
+picks `gemm_rs_pull.tds` (owners pull and sum after the GEMM) for small products and `gemm_rs_ce.tds`
+(the copy engine sends finished row blocks while the GEMM runs) for large ones."""
 from __future__ import annotations
 
 import torch
@@ -24,6 +26,36 @@ DEFAULT_THRESHOLD_BYTES = 1024 * 1024
 ALGORITHM_OPTIONS = {"one_shot": {"num_warps": 16}, "two_shot": {}}
 DECLARED_DTYPE = torch.bfloat16  # the dtype the programs declare; others run through dtype_override
 
+GEMM_RS_PROGRAMS = {"pull": "gemm_rs_pull", "copy_engine": "gemm_rs_ce"}
+# Bytes of one rank's whole product (M x N) from which the copy engine sends it. Measured at world 2
+# only (bench/results/2026-11-29-world2-s9/run7-5bdb0d8): gemm_rs_ce was faster from 470 MB (LLaMA-3-70B,
+# 8192 x 28672 bf16: 3.31 against 3.46 ms) and slower up to 235 MB (LLaMA-3-8B: 1.59 against 1.08),
+# where its fixed cost per row block shows. 256 MiB lies between; world 4 may move it.
+GEMM_RS_THRESHOLD_BYTES = 256 * 1024 * 1024
+
+
+class _Library:
+    """Library programs compiled on first use, once per (name, dtype): bf16 as declared, other dtypes
+    through dtype_override; `options` go to `tiledsl.compile`."""
+
+    def __init__(self, heap, options: dict):
+        self.heap = heap
+        self.options = options
+        self._programs: dict[tuple[str, torch.dtype], object] = {}
+
+    def get(self, name: str, dtype: torch.dtype, **defaults):
+        key = (name, dtype)
+        if key not in self._programs:
+            override = {} if dtype == DECLARED_DTYPE else {str(DECLARED_DTYPE).removeprefix("torch."): dtype}
+            self._programs[key] = tiledsl.compile(library_program(name), self.heap, dtype_override=override,
+                                                  **{**defaults, **self.options})
+        return self._programs[key]
+
+    def check(self) -> None:
+        """Raise ScheduleTimeout if a call made with check=False gave up waiting."""
+        for program in self._programs.values():
+            program.check()
+
 
 class AllReduce:
     """Sum a tensor over the ranks of `heap`, in place: `AllReduce(heap)(x)` returns x.
@@ -40,9 +72,8 @@ class AllReduce:
         if threshold_bytes is None:
             threshold_bytes = float("inf") if world <= 2 else DEFAULT_THRESHOLD_BYTES
         self.threshold_bytes = threshold_bytes
-        self.options = options
         self.last_algorithm: str | None = None
-        self._programs: dict[tuple[str, torch.dtype], object] = {}
+        self._library = _Library(heap, options)
 
     def choose(self, x: torch.Tensor) -> str:
         """The algorithm a call on x uses when none is given."""
@@ -52,13 +83,7 @@ class AllReduce:
         """The compiled program for one algorithm and dtype (compiled on first use)."""
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-        key = (algorithm, dtype)
-        if key not in self._programs:
-            override = {} if dtype == DECLARED_DTYPE else {str(DECLARED_DTYPE).removeprefix("torch."): dtype}
-            options = {**ALGORITHM_OPTIONS[algorithm], **self.options}
-            self._programs[key] = tiledsl.compile(library_program(ALGORITHMS[algorithm]), self.heap,
-                                                  dtype_override=override, **options)
-        return self._programs[key]
+        return self._library.get(ALGORITHMS[algorithm], dtype, **ALGORITHM_OPTIONS[algorithm])
 
     def __call__(self, x: torch.Tensor, algorithm: str | None = None, check: bool = True) -> torch.Tensor:
         if not x.is_contiguous():
@@ -71,5 +96,42 @@ class AllReduce:
 
     def check(self) -> None:
         """Raise ScheduleTimeout if a call made with check=False gave up waiting."""
-        for program in self._programs.values():
-            program.check()
+        self._library.check()
+
+
+class GemmReduceScatter:
+    """C = this rank's row block of the sum over ranks of A @ B, where A (M x k) and B (k x N) hold
+    this rank's shard of the reduction dimension and C is M/world x N, as a row-parallel layer needs:
+    `GemmReduceScatter(heap)(A, B, C)` returns C.
+
+    The program is chosen by the size of one rank's whole product, M x N (`threshold_bytes`, by default
+    GEMM_RS_THRESHOLD_BYTES): `pull` below it, `copy_engine` from it; or forced per call with
+    `program="pull" | "copy_engine"`. The choice made is kept in `last_program`. `options` go to
+    `tiledsl.compile` (`emulated=True`, `wait_timeout_s=...`, consts such as BM)."""
+
+    def __init__(self, heap, threshold_bytes: float = GEMM_RS_THRESHOLD_BYTES, **options):
+        self.threshold_bytes = threshold_bytes
+        self.last_program: str | None = None
+        self._library = _Library(heap, options)
+
+    def choose(self, A: torch.Tensor, B: torch.Tensor) -> str:
+        """The program a call on A and B uses when none is given."""
+        return "pull" if A.shape[0] * B.shape[-1] * A.element_size() < self.threshold_bytes else "copy_engine"
+
+    def program(self, name: str, dtype: torch.dtype = DECLARED_DTYPE):
+        """The compiled program for one choice and dtype (compiled on first use)."""
+        if name not in GEMM_RS_PROGRAMS:
+            raise ValueError(f"unknown GEMM+ReduceScatter program {name!r}; choose from {', '.join(GEMM_RS_PROGRAMS)}")
+        return self._library.get(GEMM_RS_PROGRAMS[name], dtype)
+
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, program: str | None = None,
+                 check: bool = True) -> torch.Tensor:
+        name = self.choose(A, B) if program is None else program
+        compiled = self.program(name, A.dtype)
+        self.last_program = name
+        compiled(A, B, C, check=check)
+        return C
+
+    def check(self) -> None:
+        """Raise ScheduleTimeout if a call made with check=False gave up waiting."""
+        self._library.check()

@@ -135,3 +135,43 @@ def test_the_default_threshold_never_switches_at_world_2_and_does_at_1_mib_beyon
     assert AllReduce(Heap(4)).choose(big) == "two_shot"
     assert AllReduce(Heap(4)).threshold_bytes == DEFAULT_THRESHOLD_BYTES
     assert AllReduce(Heap(2), threshold_bytes=1024).choose(big) == "two_shot"  # a given threshold wins
+
+
+# ---- GEMM + ReduceScatter: the program chosen by product size ----------------------------------------
+
+def _rank_gemm_rs(heap, inputs: list, threshold: int, forced: list):
+    """Each (A, B) pair through the launcher, as chosen and as forced; (choice, C) for each."""
+    from tiledsl.collectives import GemmReduceScatter
+    gemm_rs = GemmReduceScatter(heap, threshold_bytes=threshold, emulated=True, wait_timeout_s=30.0,
+                                BM=64, BN=64, BR=16)
+    out = []
+    for (A, B), program in zip(inputs[heap.rank], forced, strict=True):
+        C = torch.full((A.shape[0] // heap.world, B.shape[1]), float("nan"))
+        gemm_rs(A, B, C, program=program)
+        out.append((gemm_rs.last_program, C.numpy().copy()))
+    heap.close()
+    return out
+
+
+def test_gemm_rs_launcher_picks_pull_for_small_products_and_the_copy_engine_for_large():
+    from tiledsl.runtime.emulate import run_ranks
+    world, K = 2, 48
+    shapes = [(128, 100), (256, 200), (128, 100)]  # (M, N): 51 KB, 205 KB, 51 KB of float32 product
+    forced = [None, None, "copy_engine"]
+    generator = torch.Generator().manual_seed(3)
+    inputs = [[(torch.randn(M, K, generator=generator), torch.randn(K, N, generator=generator)) for M, N in shapes]
+              for _ in range(world)]
+    results = run_ranks(_rank_gemm_rs, world, inputs, 64 * 1024, forced, timeout_s=300)
+    for rank in range(world):
+        for n, (M, N) in enumerate(shapes):
+            chosen, got = results[rank][n]
+            assert chosen == ["pull", "copy_engine", "copy_engine"][n]
+            total = sum(inputs[r][n][0].double() @ inputs[r][n][1].double() for r in range(world))
+            want = total[rank * M // world:(rank + 1) * M // world]
+            assert _worst_error(got, want) <= TOLERANCE["float32"], f"{shapes[n]} on rank {rank}"
+
+
+def test_gemm_rs_launcher_refuses_an_unknown_program():
+    from tiledsl.collectives import GemmReduceScatter
+    with pytest.raises(ValueError, match="choose from pull, copy_engine"):
+        GemmReduceScatter(heap=None).program("push")
