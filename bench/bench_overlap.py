@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import M, SHAPES, save, slowest, time_ms, time_program  # noqa: E402
 
 import tiledsl  # noqa: E402
+from tiledsl.collectives import GemmReduceScatter  # noqa: E402
 from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
@@ -49,6 +50,7 @@ def main() -> int:
         if "ag_gemm" in only else {}
     rs = {name: tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
           for name in ("gemm_rs", "gemm_rs_pull", "gemm_rs_ce")} if "gemm_rs" in only else None
+    gemm_rs = GemmReduceScatter(heap)
     rs_experiments = {name: tiledsl.compile(EXPERIMENTS / f"{name}.tds", heap)
                       for name in ("gemm_rs_pull_grouped",)} if "gemm_rs" in only else {}
     rows = []
@@ -83,6 +85,9 @@ def main() -> int:
             for name, program in {**rs, **rs_experiments}.items():
                 row[name] = time_program(program, A, B, C)
             row["tiledsl"] = min(row[name] for name in rs)
+            # what a caller gets from the launcher, which picks by product size (no peeking at times)
+            row["launcher_choice"] = gemm_rs.choose(A, B)
+            row["launcher"] = row[f"gemm_rs_{'pull' if row['launcher_choice'] == 'pull' else 'ce'}"]
             row["gemm"] = slowest(time_ms(lambda: torch.matmul(A, B, out=P)))
             row["comm"] = slowest(time_ms(lambda: dist.reduce_scatter_tensor(C, P)))
 
@@ -97,7 +102,8 @@ def main() -> int:
         if rank == 0:
             for row in rows[-2:]:
                 variants = ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith(("ag_gemm", "gemm_rs")))
-                print(f"{row['op']:8} {row['model']:13} world {world}: tiledsl {row['tiledsl']:.3f} ms ({variants}), "
+                chosen = f", launcher picks {row['launcher_choice']}" if "launcher_choice" in row else ""
+                print(f"{row['op']:8} {row['model']:13} world {world}: tiledsl {row['tiledsl']:.3f} ms ({variants}{chosen}), "
                       f"sequential {row['sequential']:.3f}, async-TP {row['async_tp']:.3f}, "
                       f"gemm {row['gemm']:.3f}, comm {row['comm']:.3f}", flush=True)
     if rank == 0:
