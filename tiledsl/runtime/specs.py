@@ -30,7 +30,6 @@ class FamilySpec:
     ordered: bool
     matmul: bool
     counted: bool = False  # instances add one to a count per first index (copy-engine chunks wait on it)
-    waits: bool = False    # a copy-engine chunk that waits on counts before its copies
 
 
 def pow2_at_least(n: int) -> int:
