@@ -2,8 +2,9 @@
 
 No SM runs any of it. A program's chunks go through `CopyList`: each copy is one cuMemcpyAsync (the copy
 engine), each signal a 4-byte copy of the epoch cell into the slot, and each wait on kernel tiles a
-cuStreamWaitValue32 on a count the tiles keep, so a call can be captured in a CUDA graph. `copy_and_signal`, `write_signal` (cuStreamWriteValue32) and `wait_value`
-(cuStreamWaitValue32) are the single-use forms the runtime smoke test exercises. Signals are int32
+cuStreamWaitValue32 on a count the tiles keep, so a call can be captured in a CUDA graph.
+`copy_and_signal`, `write_signal` (cuStreamWriteValue32) and `wait_value` (cuStreamWaitValue32) are
+the single-use forms the runtime smoke test exercises. Signals are int32
 slots holding epoch numbers, so they never need resetting.
 """
 import torch

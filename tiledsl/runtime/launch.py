@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from tiledsl.runtime import sync, validate
-from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout  # noqa: F401 - ScheduleTimeout is raised here and imported from here
+# ScheduleTimeout is raised by check() below, and callers import it from here
+from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
     FamilySpec, TensorSpec, kernel_options, linear, pipeline_stages, pow2_at_least, unlinear)
 from tiledsl.runtime.validate import LaunchError
@@ -192,7 +193,8 @@ class Program(Issuing):
         if self.module.tds_DISTRIBUTED:
             args.update(tds_barrier=barrier[0], tds_peers_barrier=barrier[1])
         counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
-        return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold, counts)
+        return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold,
+                            counts)
 
     def _folds_entry(self, copies, staged, grid) -> bool:
         """Whether the persistent kernel can be the call's entry itself (one launch fewer): only when no

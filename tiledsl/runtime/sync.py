@@ -67,8 +67,8 @@ def count(count_ptr):
 
 @triton.jit
 def advance(epoch_cell):
-    """A call's first step on the GPU, in an entry kernel of its own: the epoch cell moves to this call's epoch, which every later
-    kernel of the call reads. Every thread reads before any writes."""
+    """A call's first step on the GPU, in an entry kernel of its own: the epoch cell moves to this
+    call's epoch, which every later kernel of the call reads. Every thread reads before any writes."""
     epoch = tl.load(epoch_cell) + 1
     tl.debug_barrier()
     tl.store(epoch_cell, epoch)
