@@ -178,7 +178,6 @@ def test_a_require_on_consts_that_fails_is_refused_by_the_checker():
         run(source, until="check")
 
 
-
 # A family's program count may be a const, fixed when the program is built with its consts.
 OWN_SMS = tds("""
     program own

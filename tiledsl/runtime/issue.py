@@ -44,12 +44,7 @@ class Issuing:
 
     def _issue_serialised(self, call):
         """Emulated: the families one after another in dependency order, each in its own launch."""
-        for target, source in call.staged:
-            target.copy_(source)
-        for count in call.counts:
-            count.zero_()
-        if not call.fold:
-            self._enter(call)
+        self._begin(call)
         for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
                 continue
@@ -69,6 +64,16 @@ class Issuing:
                 roles["tds_ENTER"] = call.fold
                 self.module.tds_launch_kernel((grid,), call.kernel_args, roles, call.options)
 
+    def _begin(self, call):
+        """What every call does first, emulated or not: stage the inputs, zero the counts copy-engine
+        chunks wait on, and pass the entry unless the kernel is its own entry."""
+        for target, source in call.staged:
+            target.copy_(source)
+        for count in call.counts:
+            count.zero_()
+        if not call.fold:
+            self._enter(call)
+
     def _enter(self, call):
         """Advance the epoch cell; a program that communicates also passes the entry barrier: every
         rank has staged its inputs and finished reading the last call's."""
@@ -87,12 +92,7 @@ class Issuing:
         """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
         the persistent kernel on the current stream, joined at the end."""
         compute = torch.cuda.current_stream()
-        for target, source in call.staged:
-            target.copy_(source)
-        for count in call.counts:
-            count.zero_()
-        if not call.fold:
-            self._enter(call)
+        self._begin(call)
         if call.copies:
             if self._comm_stream is None:
                 self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
