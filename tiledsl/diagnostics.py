@@ -21,6 +21,8 @@ class Diagnostic:
     span: Span
     hint: str | None = None
     notes: tuple[Note, ...] = field(default_factory=tuple)
+    # what a refusal proves, as data (tiledsl.schedule.witness): a second checker can confirm it
+    witness: object = field(default=None, compare=False)
 
     def render(self, path: str, source: str) -> str:
         lines = [_located(path, source, self.span, f"{self.severity}: {self.message}")]
@@ -61,8 +63,9 @@ class TdsError(Exception):
         return "\n".join(d.render(self.path, self.source) for d in self.diagnostics)
 
 
-def error(message: str, span: Span, hint: str | None = None, notes: tuple[Note, ...] = ()) -> Diagnostic:
-    return Diagnostic("error", message, span, hint, tuple(notes))
+def error(message: str, span: Span, hint: str | None = None, notes: tuple[Note, ...] = (),
+          witness: object = None) -> Diagnostic:
+    return Diagnostic("error", message, span, hint, tuple(notes), witness)
 
 
 def warning(message: str, span: Span, hint: str | None = None, notes: tuple[Note, ...] = ()) -> Diagnostic:

@@ -1,0 +1,92 @@
+"""What a refusal proves, as data: the instances behind a race, a deadlock or an access out of bounds,
+at the world and sizes where the checker found it. A diagnostic carries its witness
+(`Diagnostic.witness`), so that a second checker can confirm a refusal without trusting the first
+(tests/schedule/bruteforce.py does, for generated schedules)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Point:
+    """One instance of a family, run by one rank."""
+    family: str
+    index: tuple[int, ...]
+    rank: int
+
+    def __str__(self) -> str:
+        return f"{self.family}[{', '.join(map(str, self.index))}]@rank{self.rank}"
+
+
+@dataclass(frozen=True)
+class At:
+    """Where a finding holds: the world and every param and const value."""
+    world: int
+    sizes: tuple[tuple[str, int], ...]
+
+    def values(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+
+@dataclass(frozen=True)
+class Race:
+    """`first` writes elements [lo, hi) of rank `copy`'s copy of `tensor` that `second` reads or writes
+    (`second_writes`), and no path of edges orders the two."""
+    at: At
+    tensor: str
+    copy: int
+    first: Point
+    second: Point
+    second_writes: bool
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """`waiter` cannot start before `waited` is complete: through `edge` (its number in the schedule),
+    or, with edge None, because `waited` runs before `waiter` on the same rank in the serial order."""
+    waiter: Point
+    waited: Point
+    edge: int | None
+
+
+@dataclass(frozen=True)
+class Deadlock:
+    """A cycle: each step's `waited` is the next step's `waiter`, and the last step's `waited` is the
+    first step's `waiter`."""
+    at: At
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Unsignalled:
+    """`waiter` waits through `edge` on `producer`, an NVSHMEM put whose signal reaches only the ranks
+    it writes to, `waiter`'s rank not among them."""
+    at: At
+    waiter: Point
+    producer: Point
+    edge: int
+
+
+@dataclass(frozen=True)
+class FamilyCycle:
+    """Families that wait on each other: there is no order in which to run them one after another."""
+    families: tuple[str, ...]
+    edges: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OutOfBounds:
+    """`instance` reaches coordinate `value` of dimension `dim` of `tensor`, whose size there is
+    `extent`; `stop` tells whether `value` is a slice's end (`a : b` past the end) or an index."""
+    at: At
+    instance: Point
+    tensor: str
+    dim: int
+    value: int
+    extent: int
+    stop: bool
+
+
+Witness = Race | Deadlock | Unsignalled | FamilyCycle | OutOfBounds
