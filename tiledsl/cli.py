@@ -154,7 +154,7 @@ def _missing_part(exc: ImportError) -> str | None:
         return "code generation"
     if name.startswith("tiledsl.runtime"):
         return "the runtime"
-    if name.startswith("tiledsl.schedule.check") or name.startswith("tiledsl.schedule.instances"):
+    if name.startswith("tiledsl.schedule.check") or name.startswith("tiledsl.schedule.meaning"):
         return "the check stage"
     if name.startswith("tiledsl.schedule.describe"):
         return "the schedule printer (--dump-after schedule|check)"

@@ -29,7 +29,7 @@ from tiledsl.runtime.run_program import (
     run_emulated,
 )
 from tiledsl.schedule.check import _concrete_findings
-from tiledsl.schedule.instances import compile_exprs, default_sizes, instantiate, size_symbols
+from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols
 
 pytestmark = pytest.mark.emulated
 

@@ -13,7 +13,7 @@ from tiledsl.runtime.launch import LaunchError, Program
 from tiledsl.runtime.reference import Reference
 from tiledsl.runtime.replay import Replay
 from tiledsl.runtime.run_program import make_inputs, program_schedule
-from tiledsl.schedule.instances import default_sizes
+from tiledsl.schedule.meaning import default_sizes
 
 PROGRAMS = sorted((Path(__file__).resolve().parents[2] / "programs").glob("*.tds"))
 

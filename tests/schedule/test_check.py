@@ -16,7 +16,7 @@ from tiledsl.diagnostics import TdsError
 from tiledsl.pipeline import run
 from tiledsl.schedule.check import SM_COUNT, check
 from tiledsl.schedule.describe import describe
-from tiledsl.schedule.instances import compile_exprs, default_sizes, instantiate
+from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = sorted((ROOT / "programs").glob("*.tds"))
@@ -248,19 +248,35 @@ def test_a_family_waiting_on_a_later_instance_is_a_deadlock():
     assert at(the_error(CHAIN + "a[i] after a[i]\n", "deadlock: a[0] on rank 0 waits for itself")) == (7, 12)
 
 
-# ---- orphan waits ----------------------------------------------------------------------------------
+# ---- edges that name no instance ------------------------------------------------------------------
 
-def test_off_by_one_index_map_is_an_orphan_wait():
+def test_off_by_one_index_map_waits_on_nothing_there_and_the_race_it_leaves_is_refused():
     source = AG_GEMM.replace("gather[(i*BM) / Ms]", "gather[(i*BM) / Ms + 1]")
-    orphan = the_error(source, "orphan wait: mm[2, 0] on rank 0 waits for gather[2], but gather has instances 0..1")
-    assert at(orphan) == (line_of(source, "mm[i, j] after"), 16)
-    assert orphan.notes[0].span.line == line_of(source, "chunk gather")
+    race = the_error(source, "race: tile 'mm' reads A_all while chunk 'gather' may still write it")
+    assert race.witness is not None and race.witness.tensor == "A_all"
+    with pytest.raises(TdsError) as raised:
+        run(source, until="check")
+    skipped = [d for d in raised.value.diagnostics if d.severity == "warning" and "waits on nothing" in d.message]
+    assert skipped and skipped[0].message.startswith(
+        "mm[2, 0] on rank 0 waits on nothing through this edge: it names gather[2], but gather has instances 0..1")
+    assert at(skipped[0]) == (line_of(source, "mm[i, j] after"), 16)
+    assert skipped[0].notes[0].span.line == line_of(source, "chunk gather")
 
 
-def test_wait_on_a_rank_outside_the_world_is_an_orphan_wait():
+def test_wait_on_a_rank_outside_the_world_waits_on_nothing():
+    """`use` on the last rank names rank `world`, which does not exist: it waits on nothing there,
+    and reads U before the back chunk of rank 0 has written it: a race."""
     source = RING.replace("((rank + 1) mod world)\n", "(rank + 1)\n")
-    orphan = the_error(source, "orphan wait: use[0] on rank 1 waits for back[0] on rank 2, but ranks are 0..1")
-    assert at(orphan) == (11, 14)
+    the_error(source, "race: tile 'use' reads U while chunk 'back' may still write it")
+    with pytest.raises(TdsError) as raised:
+        run(source, until="check")
+    assert any(d.message.startswith("use[0] on rank 1 waits on nothing through this edge: it names back[0] on "
+                                    "rank 2, but ranks are 0..1") and at(d) == (11, 14)
+               for d in raised.value.diagnostics if d.severity == "warning")
+
+
+def test_a_chain_start_waits_on_nothing_without_a_warning():
+    assert passes(CHAIN + "a[i] after a[i-1]\n") == []
 
 
 # ---- bounds ----------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from tiledsl.runtime.reference import Reference
 def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Verdict]:
     import tiledsl
     from tiledsl.runtime.heap import disable_multicast, open_heap
-    from tiledsl.schedule.instances import default_sizes
+    from tiledsl.schedule.meaning import default_sizes
 
     disable_multicast()
     if not dist.is_initialized():

@@ -1,15 +1,17 @@
-"""The reference meaning of a schedule, in plain torch on one process: every rank's tensors side by
-side, every family run instance by instance in dependency order, in float64. It shares no code with
-the generated kernels, so agreement between the two is evidence about both."""
+"""The reference result of a schedule, in plain torch on one process: every rank's tensors side by
+side, every instance run one after another in an order the schedule's meaning allows
+(`meaning.Concrete.runnable`: waits first, each rank in its serial order), in float64. It shares no
+code with the generated kernels, so agreement between the two is evidence about both; the instances
+and their order come from the same meaning the checker proved and the code generator printed."""
 from __future__ import annotations
 
 import functools
 
 import torch
 
-from tiledsl.schedule.intcode import code
-from tiledsl.codegen.plan import dependency_order
 from tiledsl.schedule import ir
+from tiledsl.schedule.intcode import code
+from tiledsl.schedule.meaning import instantiate
 
 
 @functools.lru_cache(maxsize=4096)
@@ -28,6 +30,7 @@ class Reference:
         self.schedule = schedule
         self.dtype_map = dtype_map or {}  # emulation stores bf16 tensors as float32: round like it does
         self.world = world
+        self.sizes = {**(consts or {}), **sizes}
         self.env = {"world": world, **schedule.consts, **(consts or {}), **sizes}
 
     def shapes(self, rank: int = 0) -> dict[str, tuple[int, ...]]:
@@ -48,29 +51,13 @@ class Reference:
         # a caller tensor read on a peer (`X@s`) is read from its copy staged at the call's start
         staged = self.schedule.staged_inputs()
         self.staged = [{n: tensors[n].clone() for n in staged} for tensors in state]
-        for name in dependency_order(self.schedule):
-            family = self.schedule.families[name]
-            for rank in range(self.world):
-                for index in self.instances(family, rank):
-                    env = {**self.env, "rank": rank, **dict(zip(family.index_names, index))}
-                    self.run_instance(family, env, rank)
+        concrete = instantiate(self.schedule, self.world, self.sizes)
+        for position in concrete.runnable():
+            instance = concrete.instances[position]
+            family = self.schedule.families[instance.family]
+            env = {**self.env, "rank": instance.rank, **dict(zip(family.index_names, instance.index))}
+            self.run_instance(family, env, instance.rank)
         return state
-
-    def instances(self, family: ir.Family, rank: int):
-        env = {**self.env, "rank": rank}
-        extents = [evaluate(e, env) for _, e in family.indices]
-        index = [0] * len(extents)
-        if any(e <= 0 for e in extents):
-            return
-        while True:
-            yield tuple(index)
-            for n in range(len(extents) - 1, -1, -1):
-                index[n] += 1
-                if index[n] < extents[n]:
-                    break
-                index[n] = 0
-            else:
-                return
 
     def view(self, region: ir.Region, env: dict, rank: int) -> torch.Tensor:
         owner = rank if region.owner is None else evaluate(region.owner, env)

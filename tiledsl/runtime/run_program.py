@@ -104,7 +104,7 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
 def launch_sizes(schedule, world: int, given: dict, consts: dict) -> dict:
     """The given sizes, the rest from `default_sizes`; sizes the program cannot run at are reported
     against the .tds line that needs them, before any rank starts."""
-    from tiledsl.schedule.instances import compile_exprs, default_sizes, size_symbols
+    from tiledsl.schedule.meaning import compile_exprs, default_sizes, size_symbols
     program = schedule.program
     unknown = sorted(set(given) - set(schedule.params))
     if unknown:

@@ -265,7 +265,11 @@ class Builder:
                 self.fail(f"index '{var.name.id}' shadows another name", var.name.span)
                 continue
             symbols[var.name.id] = ir.index_symbol(var.name.id)
-            if extent is not None:
+            if extent is not None and ir.RANK in extent.free_symbols:
+                # signal slots and the checker's proof assume one index space on every rank
+                self.fail("an index space may not depend on `rank`: every rank runs the same instances",
+                          var.extent.span, hint="let the body or an edge depend on rank instead")
+            elif extent is not None:
                 space.append((symbols[var.name.id], extent))
         return symbols, tuple(space)
 

@@ -1,9 +1,12 @@
-"""The checks that prove a schedule safe before any code is emitted: no race, no deadlock (cycle of
-waits, wait on an instance no one runs, more spinning programs than SMs), no region out of bounds.
+"""The checks that prove a schedule safe before any code is emitted: no race, no deadlock (a cycle of
+waits and serial order, families that wait on each other, a wait no signal reaches, more spinning
+programs than SMs), no region out of bounds. What is proved is the schedule's one meaning
+(`schedule/meaning.py`), the same the code generator prints and the reference runs.
 
-Races, cycles, orphan waits and bounds are decided on concrete instances at a few world sizes
-(`instances.default_sizes`), where every index map and region is an integer: exact, and fast enough
-to run on every build. Each finding is reported once, with its `.tds` sites."""
+Races, cycles and bounds are decided on concrete instances at a few world sizes
+(`meaning.default_sizes`), where every index map and region is an integer: exact, and fast enough
+to run on every build. Each finding is reported once, with its `.tds` sites, and each error carries
+its witness (`schedule/witness.py`): the instances that prove it."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +15,9 @@ from collections import defaultdict
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races
-from tiledsl.schedule.instances import Concrete, default_sizes, instantiate
-from tiledsl.schedule.wording import at, family_text, index_text, site, sizes_text
+from tiledsl.schedule.meaning import Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate
+from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
+from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
 SM_COUNT = 132        # SMs of an H100 / H200: programs that spin on signals must all be resident at once
 WORLDS = (2, 3, 4)    # world sizes the schedule is instantiated at
@@ -24,6 +28,11 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     found: dict[object, Diagnostic] = {}  # keyed so that a finding made at several worlds is reported once
     for key, diagnostic in [*_resident_programs(schedule), *_unused(schedule), *_constant_conditions(schedule)]:
         found.setdefault(key, diagnostic)
+    try:
+        family_sequence(schedule)
+        cyclic = None
+    except FamilyCycleError as why:
+        cyclic = why
     unchecked = []
     for world in WORLDS:
         try:
@@ -36,6 +45,9 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
             continue
         for key, diagnostic in _concrete_findings(concrete):
             found.setdefault(key, diagnostic)
+    if cyclic is not None and not any(key[0] in ("cycle", "self") for key in found):
+        key, diagnostic = _family_cycle(schedule, cyclic)
+        found[key] = diagnostic
     if len(unchecked) == len(WORLDS) and not any(key[0] == "condition" for key in found):
         found["unchecked"] = warning(f"races, deadlocks and bounds were not checked: {unchecked[0]}",
                                      schedule.program.name.span)
@@ -44,16 +56,40 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
 
 def _concrete_findings(concrete: Concrete):
     yield from _bounds(concrete)
-    yield from _orphans(concrete)
-    yield from _self_waits(concrete)
+    yield from _skipped(concrete)
     yield from _unsignalled(concrete)
-    yield from _order_mismatch(concrete)
+    # a family waiting on itself or a later instance of its own: named as such, not as a cycle
+    self_waits = list(_self_waits(concrete))
+    yield from self_waits
     successors, via = races.graph(concrete)
     order = races.topological(successors)
-    if len(order) < len(successors):
-        yield from races.cycle(concrete, successors, via, set(range(len(successors))) - set(order))
-    else:
-        yield from races.find_races(concrete, races.ancestors(concrete, successors, order))
+    if len(order) < len(successors):  # a cycle of waits alone
+        if not self_waits:
+            yield from races.cycle(concrete, successors, via, set(range(len(successors))) - set(order))
+        return
+    yield from races.find_races(concrete, races.ancestors(concrete, successors, order))
+    if concrete.sequence is None:
+        return  # families that wait on each other: no serial order (reported once, by check())
+    yield from _order_mismatch(concrete)
+    if not self_waits:
+        races.add_serial_order(concrete, successors)
+        order = races.topological(successors)
+        if len(order) < len(successors):
+            yield from races.cycle(concrete, successors, via, set(range(len(successors))) - set(order))
+
+
+def _family_cycle(schedule: ir.Schedule, cyclic: FamilyCycleError):
+    """Families that wait on each other, although their instances do not: tiledsl runs a rank's
+    families one after another (all of them, emulated), so one of them must come first."""
+    edges = [schedule.edges[n] for n in cyclic.edges]
+    notes = [Note(f"'{e.consumer}' waits on '{e.producer}' here", e.span) for e in edges[1:]]
+    names = " and ".join(f"'{f}'" for f in cyclic.families) if len(cyclic.families) == 2 else \
+        ", ".join(f"'{f}'" for f in cyclic.families)
+    return ("family-cycle", cyclic.families), error(
+        f"families {names} wait on each other: a rank runs its families one after another, producers "
+        f"first, so one of them must come first", edges[0].span, notes=notes,
+        hint="split a family in two, or merge the two into one family",
+        witness=FamilyCycle(cyclic.families, cyclic.edges))
 
 
 # ---- sizes ---------------------------------------------------------------------------------------
@@ -166,37 +202,47 @@ def _bounds(concrete: Concrete):
                 continue
             instance = concrete.instances[access.instance]
             verb = "writes" if access.write else "reads"
+            value = first if first < 0 else last if last >= extent else stop
             yield ("bounds", access.region.span, dim), error(
                 f"out of bounds: dimension {dim} of '{access.region.tensor}' has size {extent}, but "
                 f"{at(instance)} {verb} it {problem} (at {sizes_text(concrete)})",
                 piece.span if piece is not None else access.region.span,
                 hint="`a : +n` may run past the end of a dimension (a ragged last tile is clipped); "
-                     "`a : b` and indices may not")
+                     "`a : b` and indices may not",
+                witness=OutOfBounds(where(concrete), point(instance), access.region.tensor, dim, value, extent,
+                                    stop=value == stop and first >= 0 and last < extent))
 
 
 # ---- waits ---------------------------------------------------------------------------------------
 
-def _orphans(concrete: Concrete):
+def _skipped(concrete: Concrete):
+    """An edge between two families that names a producer instance that does not exist waits on
+    nothing there (the schedule's meaning, everywhere): often an index map off by one. A warning,
+    since what it leaves unordered is refused as a race anyway."""
     schedule = concrete.schedule
-    for orphan in concrete.orphans:
-        edge = schedule.edges[orphan.edge]
-        consumer = concrete.instances[orphan.consumer]
-        wanted = f"{edge.producer}{index_text(orphan.index)}"
-        if orphan.rank != consumer.rank or edge.ranks is not ir.RankSet.LOCAL:
-            wanted += f" on rank {orphan.rank}"
-        if not 0 <= orphan.rank < concrete.world:
+    for skipped in concrete.skipped:
+        edge = schedule.edges[skipped.edge]
+        if edge.producer == edge.consumer:
+            continue  # the start of a chain, `t[i] after t[i - 1]` at i = 0
+        consumer = concrete.instances[skipped.consumer]
+        wanted = f"{edge.producer}{index_text(skipped.index)}"
+        if skipped.rank != consumer.rank or edge.ranks is not ir.RankSet.LOCAL:
+            wanted += f" on rank {skipped.rank}"
+        if not 0 <= skipped.rank < concrete.world:
             why = f"ranks are 0..{concrete.world - 1}"
         else:
-            extents = concrete.extents[edge.producer][orphan.rank]
+            extents = concrete.extents[edge.producer][skipped.rank]
             spans = [f"0..{n - 1}" for n in extents]
             has = ("no instances" if 0 in extents else
                    f"instances {spans[0]}" if len(spans) == 1 else f"instances [{', '.join(spans)}]")
             why = f"{edge.producer} has {has}"
         producer = schedule.families[edge.producer]
-        yield ("orphan", orphan.edge), error(
-            f"orphan wait: {at(consumer)} waits for {wanted}, but {why} (at {sizes_text(concrete)})",
+        yield ("skipped", skipped.edge), warning(
+            f"{at(consumer)} waits on nothing through this edge: it names {wanted}, but {why} "
+            f"(at {sizes_text(concrete)})",
             edge.span, notes=[Note(f"'{producer.name}' is declared here", producer.span)],
-            hint="no one will ever signal this wait; check the index map")
+            hint="an index or rank outside the producer's instances means no wait; check the index map "
+                 "if a wait was meant")
 
 
 def _self_waits(concrete: Concrete):
@@ -210,10 +256,14 @@ def _self_waits(concrete: Concrete):
         if late:
             consumer, producer = concrete.instances[wait.consumer], concrete.instances[late[0]]
             what = "itself" if late[0] == wait.consumer else f"{at(producer)}, which comes after it"
+            steps = (Step(point(consumer), point(producer), wait.edge),)
+            if late[0] != wait.consumer:
+                steps += (Step(point(producer), point(consumer), None),)
             yield ("self", wait.edge), error(
                 f"deadlock: {at(consumer)} waits for {what} in the order of '{edge.consumer}' "
                 f"(at {sizes_text(concrete)})", edge.span,
-                hint="a family runs its instances in order: it may only wait on its earlier instances")
+                hint="a family runs its instances in order: it may only wait on its earlier instances",
+                witness=Deadlock(where(concrete), steps))
 
 
 def _unsignalled(concrete: Concrete):
@@ -239,7 +289,8 @@ def _unsignalled(concrete: Concrete):
                     f"rank it writes to ({to}) (at {sizes_text(concrete)})", edge.span,
                     notes=[Note(f"'{producer.name}' is declared here", producer.span)],
                     hint="wait on the put from the rank it writes to, or run the chunk on sms(N), "
-                         "which signals every rank")
+                         "which signals every rank",
+                    witness=Unsignalled(where(concrete), point(consumer), point(put), wait.edge))
                 break
 
 
@@ -259,8 +310,7 @@ def _order_mismatch(concrete: Concrete):
         mine = concrete.ranges[edge.consumer][rank]
         if wait.consumer != min(mine, key=concrete.order.__getitem__):
             continue  # judged by the instance that runs first on this rank
-        chunks = concrete.ranges[edge.producer][rank]
-        ranked = sorted(chunks, key=concrete.order.__getitem__)
+        ranked = concrete.in_order(edge.producer, rank)
         needed = max(ranked.index(p) for p in wait.producers)
         if needed > 0:
             first = concrete.instances[wait.consumer]

@@ -1,6 +1,6 @@
 """Deadlocks and races, proved on the graph of concrete instances: an arc from each producer to each
-instance that waits on it. A cycle is a deadlock; two accesses to one region, one a write, with no
-path between them are a race."""
+instance that waits on it, and for deadlocks also each rank's serial order (`meaning.py`). A cycle is
+a deadlock; two accesses to one region, one a write, with no path of waits between them are a race."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -10,8 +10,9 @@ import numpy
 
 from tiledsl.diagnostics import Diagnostic, Note, error
 from tiledsl.schedule import ir
-from tiledsl.schedule.instances import Access, Concrete
-from tiledsl.schedule.wording import family_text, sizes_text
+from tiledsl.schedule.meaning import Access, Concrete
+from tiledsl.schedule.witness import Deadlock, Race, Step
+from tiledsl.schedule.wording import family_text, point, sizes_text, where
 
 # ---- the instance graph --------------------------------------------------------------------------
 
@@ -36,6 +37,15 @@ def graph(concrete: Concrete) -> tuple[list[list[int]], list[int]]:
     return successors, via
 
 
+def add_serial_order(concrete: Concrete, successors: list[list[int]]) -> None:
+    """Arcs from each instance to the next in its rank's serial order: with them a cycle is a deadlock
+    even where the waits alone have none (an instance waiting on one that its rank runs later)."""
+    for rank in range(concrete.world):
+        serial = concrete.serial(rank)
+        for first, then in zip(serial, serial[1:]):
+            successors[first].append(then)
+
+
 def topological(successors: list[list[int]]) -> list[int]:
     """Kahn's order; shorter than the graph when there is a cycle."""
     waiting = [0] * len(successors)
@@ -52,32 +62,49 @@ def topological(successors: list[list[int]]) -> list[int]:
 
 
 def cycle(concrete: Concrete, successors, via, left: set[int]):
-    """One cycle of waits, read off the nodes that Kahn's order could not reach. Every edge map is a
-    total function of the consumer's instance, so a cycle between families always shows up here."""
+    """One cycle, read off the nodes that Kahn's order could not reach. Every edge map is a total
+    function of the consumer's instance, so a cycle between families always shows up here. Arcs
+    between two instances are serial order (the later instance runs after the earlier)."""
     count, instances = len(concrete.instances), concrete.instances
     graph = networkx.DiGraph((v, n) for v in left for n in successors[v] if n in left)
     arcs = networkx.find_cycle(graph)
     start = next(n for n, (source, _) in enumerate(arcs) if source < count)
-    steps = []  # (waiter, waited for, edge number), in happens-before order
+    steps = []  # (later, earlier, edge number or None), in happens-before order
     for source, target in arcs[start:] + arcs[:start]:
-        if source < count:  # a producer, then its producer-set node, then the consumer
+        if source < count and target < count:
+            steps.append((target, source, None))
+        elif source < count:  # a producer, then its producer-set node, then the consumer
             producer = source
         else:
             steps.append((target, producer, via[source - count]))
-    if len({instances[waiter].family for waiter, _, _ in steps}) == 1:
-        return  # waits within one family only: `_self_waits` names the wait on a later instance
     steps.reverse()  # read as "waits for"
     families = list(concrete.schedule.families)
     first = min(range(len(steps)), key=lambda n: (families.index(instances[steps[n][0]].family),
                                                   instances[steps[n][0]].rank, instances[steps[n][0]].index))
     steps = steps[first:] + steps[:first]
-    path = " -> ".join(str(instances[waiter]) for waiter, _, _ in steps) + f" -> {instances[steps[0][0]]}"
+    path = steps_text(instances, steps)
     edges = concrete.schedule.edges
-    notes = [Note(f"{instances[waiter]} waits for {instances[waited]} here", edges[edge].span)
-             for waiter, waited, edge in steps]
+    notes = []
+    for waiter, waited, edge in steps:
+        if edge is None:
+            family = concrete.schedule.families[instances[waiter].family]
+            notes.append(Note(f"{instances[waiter]} runs after {instances[waited]} on its rank", family.span))
+        else:
+            notes.append(Note(f"{instances[waiter]} waits for {instances[waited]} here", edges[edge].span))
+    first_edge = next(edge for _, _, edge in steps if edge is not None)
+    witness = Deadlock(where(concrete), tuple(Step(point(instances[a]), point(instances[b]), e) for a, b, e in steps))
     yield ("cycle", frozenset(edge for _, _, edge in steps)), error(
-        f"deadlock: a cycle of waits: {path} (at {sizes_text(concrete)})", edges[steps[0][2]].span,
-        notes=notes, hint="each instance waits for the next one, so none of them can start")
+        f"deadlock: a cycle of waits: {path} (at {sizes_text(concrete)})", edges[first_edge].span,
+        notes=notes, hint="each instance waits for the next one, so none of them can start",
+        witness=witness)
+
+
+def steps_text(instances, steps) -> str:
+    """`a -> b -> a` for waits alone; `a -> b (runs after) -> a` where a step is serial order."""
+    out = str(instances[steps[0][0]])
+    for _, waited, edge in steps:
+        out += f" -> {instances[waited]}" + (" (runs first on its rank)" if edge is None else "")
+    return out
 
 
 def ancestors(concrete: Concrete, successors, order) -> list[int]:
@@ -152,6 +179,9 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
     else:
         waiter, waited, does, may = other, write, "reads", "write"
     a, b = concrete.instances[waiter.instance], concrete.instances[waited.instance]
+    witness = Race(where(concrete), tensor, write.copy, point(concrete.instances[write.instance]),
+                   point(concrete.instances[other.instance]), other.write,
+                   tuple(map(max, write.lo, other.lo)), tuple(map(min, write.hi, other.hi)))
     message = f"{family_text(schedule, a.family)} {does} {tensor} while {family_text(schedule, b.family)} " \
               f"may still {may} it"
     hint = f"add an edge: {a.family}[{', '.join(schedule.families[a.family].index_names)}] after {b.family}[...]"
@@ -164,4 +194,5 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
         hint += " @ every rank"
     return error(f"race: {message}", waiter.region.span, hint=hint,
                  notes=[Note(f"'{b.family}' {may}s {tensor} here: {a} and {b} touch the same elements, "
-                             f"ordered by no edge (at {sizes_text(concrete)})", waited.region.span)])
+                             f"ordered by no edge (at {sizes_text(concrete)})", waited.region.span)],
+                 witness=witness)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
-from tiledsl.schedule.instances import Concrete
+from tiledsl.schedule.meaning import Concrete, Instance
+from tiledsl.schedule.witness import At, Point
 
 def family_text(schedule: ir.Schedule, name: str) -> str:
     return f"{schedule.families[name].kind.value} '{name}'"
@@ -23,3 +24,11 @@ def index_text(index) -> str:
 
 def site(family: ir.Family, span: ast.Span) -> ast.Span:
     return span if span.line > 0 else family.span
+
+
+def point(instance: Instance) -> Point:
+    return Point(instance.family, tuple(instance.index), instance.rank)
+
+
+def where(concrete: Concrete) -> At:
+    return At(concrete.world, tuple(sorted(concrete.sizes.items())))
