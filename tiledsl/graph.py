@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
+from tiledsl.tables import DTYPES
 
 SYNC_COLOR, FLOW_COLOR = "#1f4e96", "#9aa5b1"
 FILL = {"tile": "#e8f0fb", "chunk": "#e6f4ea", "tensor": "#f7f7f7", "symm": "#fde9cf"}
@@ -108,7 +109,6 @@ def draw(schedule: ir.Schedule, out_path: str | Path) -> str:
 
 # ---- labels --------------------------------------------------------------------------------------
 
-DTYPE_NAMES = {v: k for k, v in reversed(ir.DTYPES.items())}  # bfloat16 -> bf16, the shortest spelling
 
 
 class _SourceText:
@@ -164,7 +164,7 @@ class _SourceText:
 
 def _tensor_node(tensor: ir.Tensor, text: _SourceText) -> Node:
     kind = "symm" if tensor.role is ir.Role.SYMM else "tensor"
-    dtype = DTYPE_NAMES.get(tensor.dtype, tensor.dtype)
+    dtype = DTYPES[tensor.dtype].spellings[0]  # bfloat16 -> bf16, the shortest spelling
     return Node("t:" + tensor.name, kind, tensor.name, [f"{tensor.role.value} {dtype}[{text.shape(tensor)}]"])
 
 

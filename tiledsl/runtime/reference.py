@@ -12,6 +12,7 @@ import torch
 from tiledsl.schedule import ir
 from tiledsl.schedule.intcode import code
 from tiledsl.schedule.meaning import instantiate
+from tiledsl.tables import FUNCTIONS
 
 
 @functools.lru_cache(maxsize=4096)
@@ -109,17 +110,5 @@ class Reference:
 def apply(func: str, args: list[torch.Tensor]) -> torch.Tensor:
     if func.startswith("cast:"):
         return args[0].to(getattr(torch, func[5:])).double()
-    if func == "rmsnorm":
-        x, w = args[0], args[1]
-        eps = float(args[2]) if len(args) > 2 else 1e-6
-        return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
-    unary = {"relu": torch.relu, "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu,
-             "gelu": torch.nn.functional.gelu, "tanh": torch.tanh, "exp": torch.exp, "abs": torch.abs,
-             "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg}
-    if func in unary:
-        return unary[func](args[0])
-    binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
-              "min": torch.minimum}
-    a, b = args
     # a bias row [n] against a block [m, n] broadcasts from the trailing side, as in the kernels
-    return binary[func](a, b)
+    return FUNCTIONS[func].torch(*args)

@@ -12,11 +12,12 @@ import torch
 from tiledsl import pipeline
 from tiledsl.diagnostics import TdsError, error
 from tiledsl.runtime.reference import Reference
+from tiledsl.tables import DTYPES
 
 # The interpreter computes bf16 `tl.dot` wrongly (triton 3.9); emulation runs bf16 tensors as float32.
 EMULATED_DTYPES = {"bfloat16": "float32"}
 EMULATED_WORLD = 2  # ranks when `tiledsl run` is given no --world
-TOLERANCE = {"float64": 1e-9, "float32": 2e-4, "float16": 2e-2, "bfloat16": 5e-2}
+TOLERANCE = {name: dtype.tolerance for name, dtype in DTYPES.items()}
 
 
 @dataclass

@@ -11,6 +11,7 @@ from tiledsl.diagnostics import Diagnostic, Note, TdsError, error
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import ValueBuilder
+from tiledsl.tables import SPELLINGS
 
 BUILTIN_SIZES = {"world": ir.WORLD}
 MAX_ERRORS = 50
@@ -46,6 +47,7 @@ class Builder:
         self.tunables: dict[str, tuple[int, ...]] = {}
         self.sizes: dict[str, sympy.Expr] = dict(BUILTIN_SIZES)
         self.tensors: dict[str, ir.Tensor] = {}
+        self.lets: list[tuple[str, sympy.Expr]] = []
 
     # ---- diagnostics ----------------------------------------------------------------------------
     def fail(self, message: str, span: ast.Span, hint: str | None = None, notes=()) -> None:
@@ -185,6 +187,7 @@ class Builder:
                 value = self.size(decl.value, lets_scope)
                 if self.declare(decl.name) and value is not None:
                     self.sizes[decl.name.id] = value
+                    self.lets.append((decl.name.id, value))
             elif isinstance(decl, ast.RequireDecl):
                 self.require(decl, lets_scope)
             elif isinstance(decl, ast.TensorDecl):
@@ -204,7 +207,7 @@ class Builder:
         if self.diagnostics:
             raise TdsError(self.diagnostics, program.path, program.source)
         return ir.Schedule(program, tuple(params), dict(self.consts), dict(self.tunables), dict(self.tensors),
-                           families, tuple(edges), tuple(self.conditions))
+                           families, tuple(edges), tuple(self.conditions), tuple(self.lets))
 
     def require(self, decl: ast.RequireDecl, scope: _Scope) -> None:
         """A launch condition stated by the program: refused now if it can never hold, kept otherwise."""
@@ -223,11 +226,11 @@ class Builder:
             self.conditions.append(ir.Condition(relation, f"{text} is required", decl.span))
 
     def tensor(self, decl: ast.TensorDecl, scope: _Scope) -> None:
-        dtype = ir.DTYPES.get(decl.dtype.id)
+        dtype = SPELLINGS.get(decl.dtype.id)
         if dtype is None:
-            guess = difflib.get_close_matches(decl.dtype.id, list(ir.DTYPES), n=1)
+            guess = difflib.get_close_matches(decl.dtype.id, list(SPELLINGS), n=1)
             self.fail(f"unknown dtype '{decl.dtype.id}'", decl.dtype.span,
-                      hint=f"did you mean '{guess[0]}'?" if guess else "dtypes: " + ", ".join(ir.DTYPES))
+                      hint=f"did you mean '{guess[0]}'?" if guess else "dtypes: " + ", ".join(SPELLINGS))
         shape = [self.size(d, scope) for d in decl.shape]
         if self.declare(decl.name) and dtype is not None and None not in shape:
             self.tensors[decl.name.id] = ir.Tensor(decl.name.id, ir.Role(decl.role), dtype, tuple(shape), decl.span)

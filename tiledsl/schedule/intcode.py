@@ -2,20 +2,26 @@
 launcher, and for the checker's compiled expressions (one printer for all three).
 
 Every division in the schedule is either exact (sizes) or floored (index maps), so an expression is
-printed over integers only: a rational `p/q` becomes `p // q` after sympy puts it over one
-denominator, which is exact or the intended floor. Kernel code gets a non-negative `mod`, because
-Triton's `%` on signed integers truncates like C; `cdiv` is `(n + d - 1) // d`, a ceiling for every n
-under Python's floor division and for the non-negative n of kernel indices under Triton's."""
+printed over integers only: a rational `p/q` becomes a floor division after sympy puts it over one
+denominator, which is exact or the intended floor. Host code is Python, whose `//` and `%` floor. In a
+kernel Triton's `//` and `%` truncate toward zero like C, which differs for a negative numerator: there
+a division or modulo that sympy cannot prove non-negative goes through `tds_int.floordiv` /
+`tds_int.floormod` (tiledsl/runtime/intmath.py), which floor for every sign, and the plain operators
+are kept where the numerator is provably non-negative and the denominator positive (indices,
+ranks and sizes are), so common code stays plain. Parentheses only where precedence needs them."""
 from __future__ import annotations
 
 import sympy
 
+# precedence of what an expression prints as (Python's): the higher binds tighter
+ATOM, UNARY, MUL, ADD, COMPARE, NOT, AND, OR = 100, 90, 80, 70, 50, 45, 40, 30
+
 
 def code(expr, kernel: bool = True, names: dict[str, str] | None = None, strict: bool = False) -> str:
     """Integer code for a sympy expression; `names` renames symbols (a symbol's own name otherwise, or
-    with `strict` a ValueError for a symbol not in `names`). Host code (`kernel=False`) also prints
-    relations and and/or/not, for conditions."""
-    return _Printer(kernel, names or {}, strict).print(sympy.sympify(expr))
+    with `strict` a ValueError for a symbol not in `names`). Conditions print with `and`/`or` in host
+    code and `&`/`|` between parenthesised comparisons in kernels."""
+    return _Printer(kernel, names or {}, strict).print(sympy.sympify(expr))[0]
 
 
 class _Printer:
@@ -24,74 +30,110 @@ class _Printer:
         self.names = names
         self.strict = strict
 
-    def print(self, e) -> str:
+    def text(self, e, precedence: int) -> str:
+        """`e` printed to sit where an operand of `precedence` goes."""
+        out, own = self.print(e)
+        return out if own > precedence else f"({out})"
+
+    def print(self, e) -> tuple[str, int]:
         if e is sympy.true or e is sympy.false:
-            return str(bool(e))
+            return ("True" if e is sympy.true else "False"), ATOM
         if e.is_Integer:
-            return str(int(e))
+            return str(int(e)), ATOM if e >= 0 else UNARY
         if e.is_Symbol:
             if self.strict and e.name not in self.names:
                 raise ValueError(f"'{e}' has no value here")
-            return self.names.get(e.name, e.name)
+            return self.names.get(e.name, e.name), ATOM
         logic = self.logic(e)
         if logic is not None:
-            if self.kernel:  # kernels take conditions as masks built elsewhere, never as Python logic
-                raise ValueError(f"cannot evaluate '{e}' with integers")
             return logic
         if isinstance(e, sympy.floor):
             num, den = sympy.fraction(sympy.together(e.args[0]))
-            return self.div(num, den)
+            return self.divide(num, den)
         if isinstance(e, sympy.ceiling):
             num, den = sympy.fraction(sympy.together(e.args[0]))
             if den == 1:
                 return self.print(num)
-            d = f"({self.print(den)})"
-            return f"(({self.print(num)} + {d} - 1) // {d})"
+            if not self.kernel:
+                return f"-(-{self.text(num, UNARY)} // {self.text(den, MUL)})", UNARY
+            if self.plain(num, den):
+                return f"tl.cdiv({self.print(num)[0]}, {self.print(den)[0]})", ATOM
+            return f"-tds_int.floordiv(-{self.text(num, UNARY)}, {self.print(den)[0]})", UNARY
         if isinstance(e, sympy.Mod):
-            a, b = self.print(e.args[0]), self.print(e.args[1])
-            return f"((({a}) % {b} + {b}) % {b})" if self.kernel else f"(({a}) % {b})"
+            a, b = e.args
+            if self.kernel and not self.plain(a, b):
+                return f"tds_int.floormod({self.print(a)[0]}, {self.print(b)[0]})", ATOM
+            return f"{self.text(a, MUL - 1)} % {self.text(b, MUL)}", MUL
         if isinstance(e, (sympy.Min, sympy.Max)):
             func = ("tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum") if self.kernel else \
                 ("min" if isinstance(e, sympy.Min) else "max")
-            out = self.print(e.args[0])
+            out = self.print(e.args[0])[0]
             for arg in e.args[1:]:
-                out = f"{func}({out}, {self.print(arg)})"
-            return out
+                out = f"{func}({out}, {self.print(arg)[0]})"
+            return out, ATOM
         num, den = sympy.fraction(sympy.together(e))
         if den != 1:
-            return self.div(num, den)
+            return self.divide(num, den)
         if e.is_Add:
-            terms = [self.print(t) for t in sympy.Add.make_args(e)]
-            out = terms[0]
-            for t in terms[1:]:
-                out += f" - {t[1:]}" if t.startswith("-") else f" + {t}"
-            return f"({out})"
+            return self.add(e)
         if e.is_Mul:
             coeff, rest = e.as_coeff_Mul()
-            factors = [self.print(f) for f in sympy.Mul.make_args(rest)]
-            body = " * ".join(factors)
+            factors = sympy.Mul.make_args(rest)
             if coeff == -1:
-                return f"-{body}" if len(factors) == 1 else f"-({body})"
-            if coeff != 1:
-                return f"{self.print(coeff)} * {body}"
-            return body
+                return f"-{self.product(factors) if len(factors) == 1 else self.text(rest, MUL)}", UNARY
+            if coeff != 1:  # the factors follow `coeff *`: none of them may be a bare `a // b` or `a % b`
+                return f"{self.text(coeff, MUL - 1)} * {self.product(factors, leading=False)}", MUL
+            return self.product(factors), MUL if len(factors) > 1 else self.print(factors[0])[1]
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
-            return "(" + " * ".join([self.print(e.base)] * int(e.exp)) + ")"
+            return " * ".join([self.text(e.base, MUL)] * int(e.exp)), MUL
         raise ValueError(f"cannot evaluate '{e}' with integers")
 
-    def logic(self, e) -> str | None:
-        """Relations and boolean connectives, as Python: None for anything else."""
-        if isinstance(e, sympy.core.relational.Relational):
-            return f"(({self.print(e.lhs)}) {e.rel_op} ({self.print(e.rhs)}))"
-        if isinstance(e, (sympy.And, sympy.Or)):
-            joiner = " and " if isinstance(e, sympy.And) else " or "
-            return "(" + joiner.join(self.print(a) for a in e.args) + ")"
-        if isinstance(e, sympy.Not):
-            return f"(not {self.print(e.args[0])})"
-        return None
+    def product(self, factors, leading: bool = True) -> str:
+        """Factors joined by `*`; the first may be a division or modulo only when nothing precedes it."""
+        out = self.text(factors[0], MUL - 1 if leading else MUL)
+        for f in factors[1:]:
+            out += f" * {self.text(f, MUL)}"
+        return out
 
-    def div(self, num, den) -> str:
+    def add(self, e) -> tuple[str, int]:
+        """Positive terms first, then the subtracted ones, then the constant: `world - rank - 1`."""
+        terms = sympy.Add.make_args(e)
+        constant = [t for t in terms if t.is_Number]
+        ordered = [t for t in terms if not t.is_Number and not t.could_extract_minus_sign()] + \
+                  [t for t in terms if not t.is_Number and t.could_extract_minus_sign()] + constant
+        out = ""
+        for t in ordered:
+            negative = t.could_extract_minus_sign()
+            body = self.text(-t if negative else t, ADD)
+            out = (f"-{self.text(-t, UNARY)}" if negative else body) if not out else \
+                f"{out} {'-' if negative else '+'} {body}"
+        return out, ADD
+
+    def plain(self, num, den) -> bool:
+        """Whether Triton's truncating `//` and `%` give the floor here: a numerator sympy proves
+        non-negative over a positive denominator."""
+        return bool(num.is_nonnegative) and bool(den.is_positive)
+
+    def divide(self, num, den) -> tuple[str, int]:
         if den == 1:
             return self.print(num)
-        return f"(({self.print(num)}) // ({self.print(den)}))"
+        if self.kernel and not self.plain(num, den):
+            return f"tds_int.floordiv({self.print(num)[0]}, {self.print(den)[0]})", ATOM
+        return f"{self.text(num, MUL - 1)} // {self.text(den, MUL)}", MUL
 
+    def logic(self, e) -> tuple[str, int] | None:
+        """Relations and boolean connectives: None for anything else."""
+        if isinstance(e, sympy.core.relational.Relational):
+            return f"{self.text(e.lhs, COMPARE)} {e.rel_op} {self.text(e.rhs, COMPARE)}", COMPARE
+        if isinstance(e, (sympy.And, sympy.Or)):
+            is_and = isinstance(e, sympy.And)
+            if self.kernel:  # `&` binds tighter than comparisons in Python and Triton: parenthesise them
+                joiner, own = (" & ", AND) if is_and else (" | ", OR)
+                return joiner.join(self.text(a, ATOM - 1) for a in e.args), own
+            joiner, own = (" and ", AND) if is_and else (" or ", OR)
+            return joiner.join(self.text(a, own) for a in e.args), own
+        if isinstance(e, sympy.Not):
+            if self.kernel:
+                return f"~{self.text(e.args[0], ATOM - 1)}", UNARY
+            return f"not {self.text(e.args[0], NOT)}", NOT
+        return None

@@ -31,15 +31,11 @@ class Kind(enum.Enum):
     CHUNK = "chunk"  # a copy of one region to another, possibly across ranks, possibly reducing
 
 
-DTYPES = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32", "fp32": "float32",
-          "f64": "float64", "i32": "int32", "i64": "int64", "i8": "int8", "u8": "uint8"}
-
-
 @dataclass(frozen=True)
 class Tensor:
     name: str
     role: Role
-    dtype: str                      # a key of DTYPES' values: bfloat16, float32, ...
+    dtype: str                      # a name in tiledsl.tables.DTYPES: bfloat16, float32, ...
     shape: tuple[sympy.Expr, ...]
     span: ast.Span = field(compare=False)
 
@@ -179,6 +175,9 @@ class Schedule:
     families: dict[str, Family]             # in source order
     edges: tuple[Edge, ...]
     conditions: tuple[Condition, ...]
+    # `let` names in declaration order, each with its value over params, consts and world: sizes above
+    # are expanded, and code generation names them again so that generated kernels read like the program
+    lets: tuple[tuple[str, sympy.Expr], ...] = ()
 
     @property
     def name(self) -> str:

@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import sympy
 
+import difflib
+
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
-
-# Elementwise maps a tile may apply, with their arity. Casts are the dtype names themselves.
-MAPS = {"relu": 1, "gelu": 1, "silu": 1, "sigmoid": 1, "tanh": 1, "exp": 1, "abs": 1, "sqrt": 1, "rsqrt": 1,
-        "max": 2, "min": 2}
-ROW_MAPS = {"rmsnorm": (2, 3)}  # rmsnorm(x, weight[, eps]): normalises each row of x over its last dimension
-ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+from tiledsl.tables import BINARY, NAMED, SPELLINGS
 
 
 def same(a: sympy.Expr, b: sympy.Expr) -> bool:
@@ -185,7 +182,7 @@ class ValueBuilder:
             if expr.op == "@":
                 return self.matmul(expr, left, right)
             shape = self.broadcast(left[1], right[1], expr.span)
-            return None if shape is None else (ir.Map(ARITH[expr.op], (left[0], right[0])), shape, "float32")
+            return None if shape is None else (ir.Map(BINARY[expr.op], (left[0], right[0])), shape, "float32")
         if isinstance(expr, ast.Call):
             return self.call(expr, scope, reads, loops)
         if isinstance(expr, ast.RankSum):
@@ -234,31 +231,31 @@ class ValueBuilder:
         args = [self.value(a, scope, reads, loops) for a in call.args]
         if any(a is None for a in args):
             return None
-        if func in ir.DTYPES:
+        if func in SPELLINGS:
             if len(args) != 1:
                 self.b.fail(f"the cast {func}() takes one argument", call.span)
                 return None
-            return ir.Map("cast:" + ir.DTYPES[func], (args[0][0],)), args[0][1], ir.DTYPES[func]
-        if func in MAPS:
-            if len(args) != MAPS[func]:
-                self.b.fail(f"{func}() takes {MAPS[func]} argument(s), not {len(args)}", call.span)
-                return None
-            shape = args[0][1] if len(args) == 1 else self.broadcast(args[0][1], args[1][1], call.span)
-            return None if shape is None else (ir.Map(func, tuple(a[0] for a in args)), shape, "float32")
-        if func in ROW_MAPS:
-            low, high = ROW_MAPS[func]
-            if not low <= len(args) <= high:
-                self.b.fail(f"{func}() takes {low} to {high} arguments", call.span)
-                return None
+            return ir.Map("cast:" + SPELLINGS[func], (args[0][0],)), args[0][1], SPELLINGS[func]
+        function = NAMED.get(func)
+        if function is None:
+            known = sorted(list(NAMED) + list(SPELLINGS))
+            guess = difflib.get_close_matches(func, known, n=1)
+            self.b.fail(f"unknown function '{func}'", call.span,
+                        hint=f"did you mean '{guess[0]}'?" if guess else "functions: " + ", ".join(known))
+            return None
+        low, high = function.arity
+        if not low <= len(args) <= high:
+            count = str(low) if low == high else f"{low} to {high}"
+            self.b.fail(f"{func}() takes {count} argument{'s' if high > 1 else ''}, not {len(args)}", call.span)
+            return None
+        if function.rows:
             x_shape, w_shape = args[0][1], args[1][1]
             if not x_shape or len(w_shape) != 1 or not same(w_shape[0], x_shape[-1]):
-                self.b.fail(f"rmsnorm(x, weight) needs weight of shape [{x_shape[-1] if x_shape else '?'}], "
+                self.b.fail(f"{func}(x, weight) needs weight of shape [{x_shape[-1] if x_shape else '?'}], "
                             f"got {shape_text(w_shape)}", call.span)
                 return None
             return ir.Map(func, tuple(a[0] for a in args)), x_shape, "float32"
-        known = sorted(list(MAPS) + list(ROW_MAPS) + list(ir.DTYPES))
-        import difflib
-        guess = difflib.get_close_matches(func, known, n=1)
-        self.b.fail(f"unknown function '{func}'", call.span,
-                    hint=f"did you mean '{guess[0]}'?" if guess else "functions: " + ", ".join(known))
-        return None
+        shape = args[0][1]
+        for other in args[1:]:
+            shape = None if shape is None else self.broadcast(shape, other[1], call.span)
+        return None if shape is None else (ir.Map(func, tuple(a[0] for a in args)), shape, "float32")
