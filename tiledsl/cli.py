@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tiledsl
 from tiledsl import pipeline
-from tiledsl.codegen.tilecode import LoweringError
+from tiledsl.codegen.body import LoweringError
 from tiledsl.diagnostics import TdsError, error
 from tiledsl.grammar.ast import Span
 

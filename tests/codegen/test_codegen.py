@@ -27,7 +27,7 @@ def test_module_is_valid_python(path):
     text = run(path).module
     compile(text, f"{path.stem}_tds.py", "exec")
     names = {node.name for node in ast.parse(text).body if isinstance(node, ast.FunctionDef)}
-    assert {"tds_kernel", "tds_load", "tds_launch_kernel", "tds_tensor_shapes", "tds_conditions"} <= names
+    assert {"tds_kernel", "tds_load", "tds_tensor_shapes", "tds_conditions"} <= names
 
 
 @by_stem
@@ -49,7 +49,7 @@ def test_every_family_is_preceded_by_its_tds_line(path):
         site = f"# {path}:{family.span.line} {family.kind.value} "
         (at,) = [n for n, line in enumerate(lines) if re.match(rf"def tds_(tile|chunk|views)_{name}\(", line)]
         above = at - 1
-        while lines[above].startswith("@"):
+        while lines[above].startswith("@") or lines[above].startswith("#   "):  # decorators, a long comment's tail
             above -= 1
         assert lines[above].startswith(site), lines[above:at + 1]
         # and that line of the .tds file declares this family

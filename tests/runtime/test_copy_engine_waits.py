@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiledsl.codegen.tilecode import LoweringError
+from tiledsl.codegen import LoweringError
 from tiledsl.pipeline import run
 from tiledsl.runtime.emulate import run_ranks
 from tiledsl.runtime.run_program import EMULATED_DTYPES, run_emulated
@@ -21,11 +21,12 @@ GEMM_RS_CE = ROOT / "programs" / "gemm_rs_ce.tds"
 def test_the_product_counts_its_tiles_per_row_and_the_chunk_waits_for_a_whole_row():
     plan = run(GEMM_RS_CE, until="plan").plan
     families = {f.name: f for f in plan.families}
-    assert families["mm"].counted and not families["red"].counted
+    assert families["mm"].count_row is not None and families["red"].count_row is None
+    assert str(families["mm"].count_row) == "i"  # one count per row block, the first index
     assert families["mm"].notify is None  # only the copy engine waits on it: no epoch slots
-    (producer, index, count, edge), = families["send"].host_waits
-    assert (producer, index) == ("mm", "i") and count == "((N + (BN) - 1) // (BN))"
-    assert plan.edges[edge].endswith("send[i] after mm[i, *]")
+    wait, = families["send"].host.waits
+    assert (wait.producer, str(wait.row), str(wait.count)) == ("mm", "i", "ceiling(N/BN)")
+    assert plan.edges[wait.edge].endswith("send[i] after mm[i, *]")
 
 
 @pytest.mark.emulated

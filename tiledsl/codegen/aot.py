@@ -3,16 +3,13 @@
 and whether the matrix products became Hopper's wgmma (HGMMA in the SASS)."""
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
 
-TL_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int32": "i32",
-            "int64": "i64", "int8": "i8", "uint8": "u8"}
-
+from tiledsl.tables import DTYPES
 
 @dataclass
 class KernelReport:
@@ -33,54 +30,42 @@ def arch_number(arch: str) -> int:
 
 
 def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None):
-    """Compile `module.tds_kernel` for `arch` with every family enabled; returns Triton's CompiledKernel."""
+    """Compile `module.tds_kernel` for `arch` with every family enabled; returns Triton's CompiledKernel.
+    The signature comes from the module's one list of kernel arguments (`tds_ARGS`); `dtype` replaces
+    the tensors' own (an fp16 build of a bf16 program, say)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = module.tds_kernel
-    params = list(inspect.signature(fn.fn).parameters)
-    tensors = {t.name: t for t in module.tds_TENSORS}
-    families = {f.name: f for f in module.tds_FAMILIES}
+    from tiledsl.runtime.specs import Kind, kernel_options
+
     env = {"rank": 0, "world": 4, **module.tds_CONSTS, **{p: 4096 for p in module.tds_PARAMS}, **(sizes or {})}
     blocks = module.tds_blocks(env)
-    matmuls = module.tds_matmuls(env)
+    tensors = {t.name for t in module.tds_TENSORS}
     signature, constexprs = {}, {}
-    for name in params:
-        if name in tensors:
-            signature[name] = "*" + TL_TYPES[dtype or tensors[name].dtype]
-        elif name.startswith("tds_peers_"):
-            signature[name] = "*i64"
-        elif name.startswith("tds_sig_"):
-            producer = families[name[8:]]
-            signature[name] = "*i64" if producer.engine == "nvshmem" else "*i32"
-        elif name.startswith(("tds_order_", "tds_count_")) or name in ("tds_diag", "tds_epoch_cell", "tds_barrier"):
-            signature[name] = "*i32"
-        elif name.startswith("tds_desc_"):
-            family, side = name[9:].rsplit("_", 1)
-            left, right, bm, bn, bk, target = matmuls[family]
-            operand, shape = {"a": (left, [bm, bk]), "b": (right, [bk, bn]), "c": (target, [bm, bn])}[side]
-            signature[name] = f"tensordesc<{TL_TYPES[dtype or tensors[operand].dtype]}[{shape[0]},{shape[1]}]>"
-        elif name in module.tds_CONSTS:
-            constexprs[name] = module.tds_CONSTS[name]
-        elif name in blocks:
-            constexprs[name] = blocks[name]
-        elif name.startswith("tds_RUN_") or name == "tds_ENTER":
-            constexprs[name] = True
-        elif name.startswith("tds_START_"):
-            constexprs[name] = 0
-        elif name.startswith("tds_PROGRAMS_"):
-            constexprs[name] = 132
+    for arg in module.tds_ARGS:
+        if arg.kind is Kind.DESCRIPTOR:
+            element = DTYPES[dtype or arg.dtype].signature
+            signature[arg.name] = f"tensordesc<{element}[{','.join(map(str, arg.block))}]>"
+        elif arg.dtype is not None:  # a pointer
+            own = dtype if dtype is not None and arg.kind is Kind.TENSOR and arg.of in tensors else arg.dtype
+            signature[arg.name] = "*" + DTYPES[own].signature
+        elif arg.kind is Kind.CONST:
+            constexprs[arg.name] = module.tds_CONSTS[arg.name]
+        elif arg.kind is Kind.BLOCK:
+            constexprs[arg.name] = blocks[arg.name]
+        elif arg.kind is Kind.ROLE:
+            role = arg.name.split("_")[1]
+            constexprs[arg.name] = {"ENTER": True, "RUN": True, "START": 0, "PROGRAMS": 132}[role]
         else:
-            signature[name] = "i32"
+            signature[arg.name] = "i32"
     for name in constexprs:
         signature[name] = "constexpr"
-    from tiledsl.runtime.specs import kernel_options
-    options = kernel_options(module, env)
+    options = kernel_options(module)
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    source = ASTSource(fn=module.tds_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", arch_number(arch), 32), options=options)
 
 

@@ -1,172 +1,362 @@
-"""Lowering: the schedule becomes a kernel plan. One persistent Triton kernel runs every family that
-uses SMs: chunk families with a fixed program count first (a program-id range each), then the tile
-families, which the remaining programs run one after another in dependency order. Copy-engine chunks
-are issued by the host on the communication stream. Every edge becomes waits on single-writer signal
-slots (`sig_<producer>[writer rank, instance]`) that count epochs, so calls need no reset between them."""
+"""Lowering: a checked schedule becomes a typed kernel plan. One persistent Triton kernel runs every
+family that uses SMs: families with a fixed program count get a program-id range each, the others share
+the remaining programs and run one after another in the family sequence. Copy-engine chunks are issued
+by the host on the communication stream. Every edge becomes waits on single-writer signal slots
+(`sig_<producer>[writer rank, instance * split + part]`) that count epochs, so calls need no reset.
+
+What runs, in which order and what each edge waits for is the schedule's meaning
+(`schedule/meaning.py`), read here as it is read by the checker and the reference. The plan holds
+sympy expressions and small records, never code; the templates print it (`render.py`)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
-import networkx as nx
 import sympy
 
 import tiledsl
-from tiledsl.schedule.intcode import code
-from tiledsl.codegen.tilecode import LoweringError, TileLowering
-from tiledsl.schedule import ir
+from tiledsl.codegen.body import LoweringError, Product, Statement, chunk_body, tile_body
+from tiledsl.codegen.interface import KernelInterface, interface_of
+from tiledsl.schedule import ir, meaning
 
 
-@dataclass
+@dataclass(frozen=True)
 class Wait:
-    """One edge seen from its consumer: wait until the producer instance(s) reached this epoch."""
-    edge_id: int
-    where: str          # `programs/ag_gemm.tds:16` and the edge's text, for the generated comment
+    """Before an instance starts: until the producer's slot `slot` holds this call's epoch, for every
+    value of `loops` (`*` indices, every rank, the producer's parts), where `exists` holds."""
+    edge: int
+    where: str                                          # `file:line` and the edge's text
     producer: str
-    loops: list[tuple[str, str]]   # (variable, extent) loops over `*` indices and ranks
-    writer: str         # kernel code: the rank whose slot is awaited
-    instance: str       # kernel code: the producer's linear instance number
-    split: int          # parts per producer instance (each signalled alone)
-    slots: str          # kernel code: the producer's slots per writer rank (instances * split)
+    loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
+    slot: sympy.Expr
+    exists: sympy.Expr                                  # sympy.true where the instance always exists
 
 
-@dataclass
-class FamilyPlan:
+@dataclass(frozen=True)
+class Notify:
+    """After an instance: its slot holds this call's epoch, on this rank or on every rank (a waiter
+    elsewhere reads its own copy of the signals)."""
+    every_rank: bool
+    slot: sympy.Expr
+
+
+@dataclass(frozen=True)
+class HostRegion:
+    """A region as the host slices it: (start, size) per dimension, size None for a point index."""
+    tensor: str
+    owner: sympy.Expr | None
+    dims: tuple[tuple[sympy.Expr, sympy.Expr | None], ...]
+
+
+@dataclass(frozen=True)
+class HostWait:
+    """The communication stream waits until `producer`'s count of row `row` reaches `count`."""
+    edge: int
+    producer: str
+    row: sympy.Expr
+    count: sympy.Expr
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """A copy-engine chunk instance: one cuMemcpyAsync of `source` into `target`, after its waits."""
+    source: HostRegion
+    target: HostRegion
+    waits: tuple[HostWait, ...]
+
+
+@dataclass(frozen=True)
+class Family:
     name: str
-    kind: str           # "tile" or "chunk"
-    engine: str         # "sms", "nvshmem", "copy_engine"
-    where: str          # `programs/x.tds:14 tile mm[i, j]`
-    index_names: list[str]
-    extents: list[str]            # kernel code of each index's extent
-    count: str                    # kernel code: number of instances
-    host_extents: list[str]       # host code of the same
-    programs: int | None          # fixed program count, None for the shared rest
-    waits: list[Wait]
-    notify: str | None            # None, "local" (own rank's slot) or "all" (every rank's slot)
-    split: int = 1
-    order_keys: list[str] = field(default_factory=list)  # host code, over the indices, rank and world
-    lines: list[str] = field(default_factory=list)        # tile statements
-    matmul: dict | None = None
-    copy: dict | None = None      # chunk: source/target pointer code, shape and offsets
-    decode: list[str] = field(default_factory=list)       # kernel lines: linear instance -> indices
-    ordered: bool = False         # instances run in the order of an `order` table
-    flatten: bool = False         # the persistent loop and the K loop are one pipeline (TMA loads of the
-                                  # next tile start during this tile's epilogue)
-    blocks: dict[str, str] = field(default_factory=dict)  # launch-time constexpr block sizes (host code)
-    counted: bool = False         # each instance also adds one to a count per first index, which
-                                  # copy-engine chunks wait on (the stream cannot wait on many slots)
-    host_waits: list = field(default_factory=list)  # copy engine: (producer, host code of the awaited
-                                                    # count's index, host code of the count to reach, edge)
-
+    kind: str                                            # "tile" or "chunk"
+    engine: str                                          # "sms", "nvshmem" or "copy_engine"
+    where: str                                           # `file:line` and the declaration's text
+    indices: tuple[tuple[sympy.Symbol, sympy.Expr], ...]  # kernel extents (let names kept)
+    host_extents: tuple[sympy.Expr, ...]                 # the same over params, consts and world
+    split: int                                           # parts per instance, each signalled alone
+    programs: int | None                                 # a fixed program count; None: the shared rest
+    order: tuple[sympy.Expr, ...] | None                 # host: what it runs by; None: instance number order
+    flatten: bool                # the persistent loop and the K loop are one pipeline
+    waits: tuple[Wait, ...]
+    body: tuple[Statement, ...]
+    notify: Notify | None
+    count_row: sympy.Expr | None  # after each instance, one more in this row's count (copy engine waits)
+    host: HostCopy | None
+    product: Product | None
+    tma_target: str | None
+    blocks: tuple[tuple[str, sympy.Expr], ...] = ()      # launch-time constexpr blocks and the sizes they cover
+    lets: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()  # let names its kernel code uses, in order
 
     @property
-    def slots(self) -> str:
-        return f"({self.count}) * {self.split}"
+    def count(self) -> sympy.Expr:
+        return sympy.Mul(*(extent for _, extent in self.indices))
+
+    @property
+    def slots(self) -> sympy.Expr:
+        """Signal slots per writer rank."""
+        return self.count * self.split
+
+    @property
+    def on_sms(self) -> bool:
+        return self.engine != "copy_engine"
+
+    @property
+    def decode(self) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
+        """Each index from the linear instance number `tds_inst` (the last index varies fastest)."""
+        out, inner = [], sympy.Integer(1)
+        for n in range(len(self.indices) - 1, -1, -1):
+            symbol, extent = self.indices[n]
+            value = sympy.floor(INSTANCE / inner) if inner != 1 else INSTANCE
+            out.append((symbol, value if n == 0 else sympy.Mod(value, extent)))
+            inner = inner * extent
+        return tuple(reversed(out))
 
 
-@dataclass
-class TensorPlan:
+@dataclass(frozen=True)
+class Tensor:
     name: str
     role: str
     dtype: str
-    shape: list[str]      # host code over params, consts and world
-    peers: bool           # the kernel reaches other ranks' copies (needs a peer offset table)
-    staged: bool          # a caller tensor read on peers: copied into the heap at each call
+    shape: tuple[sympy.Expr, ...]  # over params, consts and world
+    peers: bool                    # the kernel reaches other ranks' copies (a peer offset table)
+    staged: bool                   # a caller tensor read on peers: copied into the heap at each call
     where: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class KernelPlan:
     name: str
     path: str
     source_hash: str
     version: str
-    params: list[str]
+    params: tuple[str, ...]
     consts: dict[str, int]
-    tensors: list[TensorPlan]
-    families: list[FamilyPlan]          # in dependency order
-    param_sources: dict[str, tuple[str, int, str]]  # param -> (tensor, dim, host code solving it from `value`)
-    conditions: list[tuple[str, str]]   # (host code that must be True, message)
-    distributed: bool                   # any peer access or cross-rank edge: calls start with a barrier
+    tensors: tuple[Tensor, ...]
+    families: tuple[Family, ...]                          # in the family sequence
+    param_sources: dict[str, tuple[str, int, sympy.Expr]]  # param -> (tensor, dim, its value over tds_value)
+    conditions: tuple[tuple[sympy.Expr, str], ...]         # (must hold, message)
+    distributed: bool                                      # peer access or a cross-rank edge: an entry barrier
     uses_nvshmem: bool
-    edges: list[str]                    # edge texts by id, for error messages
+    edges: tuple[str, ...]                                 # edge texts by number, for error messages
+    interface: KernelInterface = field(default=None)
 
     @property
-    def kernel_families(self) -> list[FamilyPlan]:
-        return [f for f in self.families if f.engine != "copy_engine"]
+    def kernel_families(self) -> tuple[Family, ...]:
+        return tuple(f for f in self.families if f.on_sms)
 
     @property
-    def copy_families(self) -> list[FamilyPlan]:
-        return [f for f in self.families if f.engine == "copy_engine"]
-
-    @property
-    def signalled(self) -> list[FamilyPlan]:
-        return [f for f in self.families if f.notify]
+    def copy_families(self) -> tuple[Family, ...]:
+        return tuple(f for f in self.families if not f.on_sms)
 
     def describe(self) -> str:
-        lines = [f"kernel plan for {self.name} ({self.path})", "families in dependency order:"]
-        for f in self.families:
-            role = f"{f.programs} programs" if f.programs else "the remaining programs"
-            if f.engine == "copy_engine":
-                role = "host, communication stream"
-            lines.append(f"  {f.kind} {f.name} on {f.engine}: {role}; instances {f.count}; notify {f.notify}")
-            for w in f.waits:
-                lines.append(f"    waits edge {w.edge_id}: {w.where}")
-        lines.append("signals: " + ", ".join(f"sig_{f.name}[world, {f.count} * {f.split}]" for f in self.signalled))
-        lines.append(f"entry barrier: {self.distributed}; nvshmem: {self.uses_nvshmem}")
-        return "\n".join(lines)
+        from tiledsl.codegen.describe import describe
+        return describe(self)
+
+
+VALUE = sympy.Symbol("tds_value", integer=True, positive=True)  # a tensor dimension, solved for a param
+INSTANCE = sympy.Symbol("tds_inst", integer=True, nonnegative=True)
+PART = sympy.Symbol("tds_part", integer=True, nonnegative=True)
 
 
 def source_line(schedule: ir.Schedule, span) -> str:
     lines = schedule.program.source.splitlines()
-    text = lines[span.line - 1].strip() if 0 < span.line <= len(lines) else ""
+    text = " ".join(lines[span.line - 1].split("#")[0].split()) if 0 < span.line <= len(lines) else ""
     return f"{schedule.program.path}:{span.line} {text}"
 
 
 def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> KernelPlan:
     """Plan the kernel, the signals and the host steps for a checked schedule."""
     consts = {**schedule.consts, **(consts or {})}
-    for name, value in (consts or {}).items():
+    for name, value in consts.items():
         if name not in schedule.consts:
             raise LoweringError(f"'{name}' is not a const of {schedule.name}; consts: {', '.join(schedule.consts)}")
         if name in schedule.tunables and value not in schedule.tunables[name]:
             raise LoweringError(f"{name}={value} is not one of its choices {list(schedule.tunables[name])}")
     _check_program_counts(schedule, consts)
-    order = dependency_order(schedule)
+    kernel = let_names(schedule)
     cross_rank = {e.producer for e in schedule.edges if e.ranks is not ir.RankSet.LOCAL}
     # producers with a waiting kernel family signal epochs; a copy-engine consumer waits on counts
     waited = {e.producer for e in schedule.edges
               if schedule.families[e.consumer].engine.kind is not ir.EngineKind.COPY_ENGINE}
+    counted = {e.producer for e in schedule.edges
+               if schedule.families[e.consumer].engine.kind is ir.EngineKind.COPY_ENGINE}
+    sm_chunks = any(f.kind is ir.Kind.CHUNK and f.engine.kind is not ir.EngineKind.COPY_ENGINE
+                    for f in schedule.families.values())
     families = []
-    for name in order:
+    for name in meaning.family_sequence(schedule):
         family = schedule.families[name]
-        families.append(plan_family(schedule, family, consts, waited, cross_rank))
-    counted = {wait[0] for f in families for wait in f.host_waits}
-    for f in families:
-        f.counted = f.name in counted
-        # a flattened product with a count in its loop loses its software pipeline (Triton 3.9 gives
-        # it one shared-memory stage: 64 KB against 147 KB unflattened for gemm_rs_ce)
-        f.flatten = f.flatten and not f.counted
-    if any(f.kind == "chunk" and f.engine != "copy_engine" for f in families):
-        # With a chunk's copy loop in the same kernel, Triton 3.6-3.9 stop pipelining a flattened
-        # product (one shared-memory stage in gemm_ar and gemm_rs_push): keep those unflattened.
-        for f in families:
-            f.flatten = False
+        notify = None
+        if name in waited or family.engine.kind is ir.EngineKind.NVSHMEM:  # a put always signals
+            notify = Notify(name in cross_rank, ir.RANK * _slots(family, kernel) + INSTANCE * family.split
+                            + (PART if family.split > 1 else 0))
+        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks))
     peers = {r.tensor for f in schedule.families.values() for r in f.reads + f.writes if r.owner is not None}
     staged = set(schedule.staged_inputs())
-    tensors = [TensorPlan(t.name, t.role.value, t.dtype, [code(s, kernel=False) for s in t.shape],
-                          t.name in peers, t.name in staged, source_line(schedule, t.span))
-               for t in schedule.tensors.values()]
-    distributed = bool(peers) or bool(cross_rank)
-    return KernelPlan(
+    tensors = tuple(Tensor(t.name, t.role.value, t.dtype, t.shape, t.name in peers, t.name in staged,
+                           source_line(schedule, t.span)) for t in schedule.tensors.values())
+    plan = KernelPlan(
         name=schedule.name, path=schedule.program.path,
         source_hash=hashlib.sha256(schedule.program.source.encode()).hexdigest()[:16],
-        version=tiledsl.__version__, params=list(schedule.params), consts=consts, tensors=tensors,
-        families=families, param_sources=param_sources(schedule),
-        conditions=conditions(schedule), distributed=distributed,
+        version=tiledsl.__version__, params=tuple(schedule.params), consts=consts, tensors=tensors,
+        families=tuple(families), param_sources=param_sources(schedule), conditions=conditions(schedule),
+        distributed=bool(peers) or bool(cross_rank),
         uses_nvshmem=any(f.engine == "nvshmem" for f in families),
-        edges=[source_line(schedule, e.span) for e in schedule.edges])
+        edges=tuple(source_line(schedule, e.span) for e in schedule.edges))
+    return KernelPlan(**{**plan.__dict__, "interface": interface_of(plan)})
 
+
+def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, sm_chunks: bool) -> Family:
+    on_sms = family.engine.kind is not ir.EngineKind.COPY_ENGINE
+    product = tma_target = None
+    body: tuple = ()
+    blocks: tuple = ()
+    if family.kind is ir.Kind.TILE:
+        tile = tile_body(schedule, family, consts, kernel)
+        body, product, tma_target, blocks = tile.statements, tile.product, tile.tma_target, tile.blocks
+    elif on_sms:
+        body = (chunk_body(schedule, family, kernel),)
+    waits = tuple(_waits(schedule, family, kernel)) if on_sms else ()
+    # Flattening lets the pipeliner issue the next tile's TMA loads before that tile's wait: only a
+    # product that waits on nothing may be flattened (seen on H200: stale rows of A_all otherwise). A
+    # count in a flattened loop, or a chunk's copy loop in the same kernel, stops Triton 3.6-3.9 from
+    # pipelining it at all (one shared-memory stage: 64 KB against 147 KB for gemm_rs_ce).
+    flatten = product is not None and not waits and not counted and not sm_chunks
+    ordered = meaning.ordered(schedule, family) or not on_sms
+    built = Family(
+        name=family.name, kind=family.kind.value, engine=family.engine.kind.value,
+        where=source_line(schedule, family.span),
+        indices=tuple((s, kernel(e)) for s, e in family.indices),
+        host_extents=tuple(e for _, e in family.indices), split=family.split,
+        programs=family.engine.count(consts),
+        order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, waits=waits,
+        body=body, notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
+        host=None if on_sms else _host_copy(schedule, family), product=product, tma_target=tma_target,
+        blocks=blocks)
+    return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
+
+
+def _slots(family: ir.Family, kernel) -> sympy.Expr:
+    return kernel(sympy.Mul(*(e for _, e in family.indices))) * family.split
+
+
+def _waits(schedule: ir.Schedule, family: ir.Family, kernel):
+    for number, edge in enumerate(schedule.edges):
+        if edge.consumer != family.name:
+            continue
+        producer = schedule.families[edge.producer]
+        target = meaning.target(schedule, edge)
+        loops, index = [], []
+        for mapped, (symbol, extent) in zip(target.index, producer.indices):
+            if mapped is None:
+                var = ir.index_symbol(f"tds_{symbol.name}")
+                loops.append((var, kernel(extent)))
+                index.append(var)
+            else:
+                index.append(kernel(mapped))
+        writer = target.rank
+        if writer is None:
+            writer = ir.index_symbol("tds_rank")
+            loops.append((writer, ir.WORLD))
+        instance = sympy.Integer(0)
+        for i, (_, extent) in zip(index, producer.indices):
+            instance = instance * kernel(extent) + i
+        slot = kernel(writer) * _slots(producer, kernel) + instance * producer.split
+        if producer.split > 1:
+            part = ir.index_symbol("tds_wpart")
+            loops.append((part, sympy.Integer(producer.split)))
+            slot += part
+        yield Wait(number, source_line(schedule, edge.span), producer.name, tuple(loops), slot,
+                   kernel(target.exists))
+
+
+def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
+    """A copy-engine chunk's copy and the waits of the stream before it: the stream can wait on one
+    count per edge, so an edge must name one row of a kernel family's instances on this rank,
+    `mm[i, *]` (or `red[i]`): the producer counts its instances per first index, and the stream
+    waits until the row's count reaches its number of instances (counts are zeroed at each call)."""
+    waits = []
+    for number, edge in enumerate(schedule.edges):
+        if edge.consumer != family.name:
+            continue
+        producer = schedule.families[edge.producer]
+        first, rest = edge.index_map[0], edge.index_map[1:]
+        if (producer.engine.kind is ir.EngineKind.COPY_ENGINE or edge.ranks is not ir.RankSet.LOCAL
+                or first is None or any(m is not None for m in rest)):
+            raise LoweringError(
+                f"chunk '{family.name}' on the copy engine can wait only on a row of a kernel family on "
+                f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; "
+                f"`{edge.producer}` at {source_line(schedule, edge.span)} is not one")
+        count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
+        waits.append(HostWait(number, producer.name, first, count))
+
+    def region(r: ir.Region) -> HostRegion:
+        return HostRegion(r.tensor, r.owner, tuple((d.start, d.size if d.kept else None) for d in r.dims))
+    return HostCopy(region(family.reads[0]), region(family.writes[0]), tuple(waits))
+
+
+# ---- let names in kernel code ----------------------------------------------------------------------
+
+def let_names(schedule: ir.Schedule):
+    """A function that rewrites a kernel expression with the program's `let` names where that makes
+    it shorter: `floor(BM*i*world/M)` becomes `floor(BM*i/Ms)` for `let Ms = M / world`. Exact: a let
+    stands for its value, and the kernel computes that value once at the top of each family."""
+    rules = []
+    for name, value in schedule.lets:
+        symbol = ir.size_symbol(name)
+        solved = {}
+        for param in sorted(value.free_symbols, key=str):
+            if param.name not in schedule.params:
+                continue
+            try:
+                solution = sympy.solve(sympy.Eq(value, symbol), param)
+            except NotImplementedError:  # a let sympy cannot invert (a ceiling): matched as written only
+                continue
+            if len(solution) == 1:
+                solved = {param: solution[0]}
+                break
+        rules.append((symbol, value, solved))
+
+    @functools.lru_cache(maxsize=None)
+    def kernel(expr) -> sympy.Expr:
+        expr = sympy.sympify(expr)
+        for symbol, value, solved in rules:
+            if not expr.free_symbols & value.free_symbols:
+                continue
+            candidates = [expr.subs(value, symbol)]
+            if solved:
+                candidates.append(candidates[0].subs(solved))
+            best = min(candidates, key=sympy.count_ops)
+            if sympy.count_ops(best) < sympy.count_ops(expr):
+                expr = best
+        return expr
+    return kernel
+
+
+def let_values(schedule: ir.Schedule, kernel) -> list[tuple[sympy.Symbol, sympy.Expr]]:
+    """Each let's symbol and its value in kernel terms (earlier lets by name)."""
+    out = []
+    for name, value in schedule.lets:
+        symbol = ir.size_symbol(name)
+        rewritten = value
+        for earlier, earlier_value in out:
+            original = dict(schedule.lets)[earlier.name]
+            rewritten = rewritten.subs(original, earlier)
+        out.append((symbol, rewritten))
+    return out
+
+
+def _lets_used(schedule: ir.Schedule, family: Family, kernel) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
+    from tiledsl.codegen.interface import symbols_of
+    values = let_values(schedule, kernel)
+    wanted = symbols_of(family) & {s for s, _ in values}
+    for symbol, value in reversed(values):  # a let used by a used let is used too
+        if symbol in wanted:
+            wanted |= value.free_symbols & {s for s, _ in values}
+    return tuple((s, v) for s, v in values if s in wanted)
+
+
+# ---- host side -------------------------------------------------------------------------------------
 
 def _check_program_counts(schedule: ir.Schedule, consts: dict[str, int]) -> None:
     """The checker proved the program counts fit on the GPU with the consts' defaults; counts that
@@ -182,220 +372,31 @@ def _check_program_counts(schedule: ir.Schedule, consts: dict[str, int]) -> None
                             + (", one left for sms(rest)" if spare else ""))
 
 
-def dependency_order(schedule: ir.Schedule) -> list[str]:
-    graph = nx.DiGraph()
-    graph.add_nodes_from(schedule.families)
-    graph.add_edges_from((e.producer, e.consumer) for e in schedule.edges if e.producer != e.consumer)
-    position = {name: n for n, name in enumerate(schedule.families)}
-    return list(nx.lexicographical_topological_sort(graph, key=position.get))
-
-
-def plan_family(schedule, family: ir.Family, consts, waited, cross_rank) -> FamilyPlan:
-    names = family.index_names
-    extents = [code(e) for _, e in family.indices]
-    count = " * ".join(f"({e})" for e in extents) or "1"
-    notify = None
-    if family.name in waited:
-        notify = "all" if family.name in cross_rank else "local"
-    plan = FamilyPlan(
-        name=family.name, kind=family.kind.value, engine=family.engine.kind.value,
-        where=source_line(schedule, family.span), index_names=list(names), extents=extents, count=count,
-        host_extents=[code(e, kernel=False) for _, e in family.indices], programs=family.engine.count(consts),
-        waits=waits_of(schedule, family), notify=notify, split=family.split,
-        order_keys=[code(k, kernel=False) for k in family.order] or list(names),
-        decode=decode_lines(family), ordered=bool(family.order))
-    if family.kind is ir.Kind.TILE and any(isinstance(s.value, ir.MatMul) or _has_matmul(s.value)
-                                           for s in family.stores) and len(names) >= 2:
-        # products reuse operands through L2: within the user's order, take tiles in groups of GROUP_M rows
-        i, j = names[0], names[1]
-        plan.order_keys = plan.order_keys[:len(family.order)] + [f"{i} // {GROUP_M}", j, i]
-        plan.ordered = True
-        # Flattening lets the pipeliner issue the next tile's TMA loads before that tile's wait: only
-        # a product that waits on nothing may be flattened (seen on H200: stale rows of A_all otherwise).
-        plan.flatten = not plan.waits
-    if plan.engine == "copy_engine":
-        plan.host_waits = copy_engine_waits(schedule, family)
-    if family.kind is ir.Kind.TILE:
-        tile = TileLowering(schedule, family, consts).lower()
-        plan.lines, plan.matmul = tile.lines, tile.matmul
-        plan.blocks = {name: code(size, kernel=False) for name, size in tile.constexpr_blocks.items()}
-    else:
-        plan.copy = plan_copy(schedule, family)
-    return plan
-
-
-def copy_engine_waits(schedule: ir.Schedule, family: ir.Family) -> list[tuple[str, str, str, int]]:
-    """What a copy-engine chunk waits for before its copy: the communication stream waits on one
-    count per edge, so an edge must name one row of a kernel family's instances on this rank,
-    `mm[i, *]` (or `red[i]`): the producer counts its instances per first index, and the stream
-    waits until the row's count reaches its number of instances (counts are zeroed at each call)."""
-    waits = []
-    for edge_id, edge in enumerate(schedule.edges):
-        if edge.consumer != family.name:
-            continue
-        producer = schedule.families[edge.producer]
-        first, rest = edge.index_map[0], edge.index_map[1:]
-        if (producer.engine.kind is ir.EngineKind.COPY_ENGINE or edge.ranks is not ir.RankSet.LOCAL
-                or first is None or any(m is not None for m in rest)):
-            raise LoweringError(
-                f"chunk '{family.name}' on the copy engine can wait only on a row of a kernel family on "
-                f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; "
-                f"`{edge.producer}` at {source_line(schedule, edge.span)} is not one")
-        count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
-        waits.append((producer.name, code(first, kernel=False), code(count, kernel=False), edge_id))
-    return waits
-
-
-def waits_of(schedule: ir.Schedule, family: ir.Family) -> list[Wait]:
-    waits = []
-    for edge_id, edge in enumerate(schedule.edges):
-        if edge.consumer != family.name or family.engine.kind is ir.EngineKind.COPY_ENGINE:
-            continue  # a copy-engine chunk's waits are the stream's (copy_engine_waits)
-        producer = schedule.families[edge.producer]
-        loops, index_codes = [], []
-        for n, (mapped, (sym, extent)) in enumerate(zip(edge.index_map, producer.indices)):
-            if mapped is None:
-                var = f"tds_w{edge_id}_{n}"
-                loops.append((var, code(extent)))
-                index_codes.append(var)
-            else:
-                index_codes.append(f"({code(mapped)})")
-        instance = "0"
-        for n, (_, extent) in enumerate(producer.indices):
-            instance = index_codes[n] if n == 0 else f"({instance}) * ({code(extent)}) + {index_codes[n]}"
-        if edge.ranks is ir.RankSet.EVERY:
-            loops.append((f"tds_w{edge_id}_rank", "world"))
-            writer = f"tds_w{edge_id}_rank"
-        elif edge.ranks is ir.RankSet.AT:
-            writer = code(edge.rank_expr)
-        else:
-            writer = "rank"
-        waits.append(Wait(edge_id, source_line(schedule, edge.span), producer.name, loops, writer, instance,
-                          producer.split, f"({' * '.join(f'({code(e)})' for _, e in producer.indices) or '1'}) "
-                                          f"* {producer.split}"))
-    return waits
-
-
-GROUP_M = 8  # rows of tiles taken together by a product: measured 82% -> 99% of cuBLAS at 8192x2048x28672
-
-
-def _has_matmul(value) -> bool:
-    if isinstance(value, ir.MatMul):
-        return True
-    if isinstance(value, ir.Map):
-        return any(_has_matmul(a) for a in value.args)
-    return False
-
-
-def decode_lines(family: ir.Family) -> list[str]:
-    """Kernel lines that turn the linear instance number `tds_inst` into the family's indices."""
-    lines, rest = [], "tds_inst"
-    for n in range(len(family.indices) - 1, -1, -1):
-        sym, extent = family.indices[n]
-        if n == 0:
-            lines.append(f"{sym.name} = {rest}")
-        else:
-            lines.append(f"{sym.name} = {rest} % ({code(extent)})")
-            rest = f"({rest} // ({code(extent)}))"
-    return list(reversed(lines))
-
-
-BLOCK_1D = 8192          # elements per step of a 1-D chunk copy
-BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of bf16 in flight
-
-
-def plan_copy(schedule: ir.Schedule, family: ir.Family) -> dict:
-    """A chunk's source and target as kernel pointer arithmetic (SM and nvshmem engines) and as host
-    slices (copy engine)."""
-    source, target = family.reads[0], family.writes[0]
-    fields = {"reduce": family.reduce, "dst_tensor": target.tensor,
-              "dst_owner": None if target.owner is None else code(target.owner)}
-    bounds = []
-    for role, region in (("src", source), ("dst", target)):
-        tensor = schedule.tensors[region.tensor]
-        offset, index, host_slices, kept = [], [], [], []
-        for n, dim in enumerate(region.dims):
-            stride = code(sympy.Mul(*tensor.shape[n + 1:]))
-            host_start = code(dim.start, kernel=False)
-            if dim.kept:
-                var = ("tds_r", "tds_c")[len(kept)] if len([d for d in region.dims if d.kept]) == 2 else "tds_r"
-                kept.append(dim)
-                index.append(f"({code(dim.start)} + {var}) * {stride}")
-                bounds.append(f"({code(dim.start)} + {var} < {code(tensor.shape[n])})")
-                host_slices.append(f"{host_start} : {host_start} + {code(dim.size, kernel=False)}")
-            else:
-                offset.append(f"({code(dim.start)}) * {stride}")
-                host_slices.append(host_start)
-        base = region.tensor
-        if region.owner is not None and not (family.engine.kind is ir.EngineKind.NVSHMEM and role == "dst"):
-            base = f"({region.tensor} + tl.load(tds_peers_{region.tensor} + {code(region.owner)}))"
-        fields[role] = f"({base} + {' + '.join(offset) or '0'})"
-        fields[f"{role}_index"] = " + ".join(index)
-        fields[f"{role}_host"] = {"tensor": region.tensor, "slices": ", ".join(host_slices),
-                                  "owner": None if region.owner is None else code(region.owner, kernel=False)}
-        fields[f"{role}_kept"] = kept
-    kept = fields["src_kept"]
-    if not 1 <= len(kept) <= 2:
-        raise LoweringError(f"chunk '{family.name}': regions of {len(kept)} kept dimensions are not supported")
-    fields["ndim"] = len(kept)
-    fields["rows"] = code(kept[0].size)
-    fields["cols"] = code(kept[1].size) if len(kept) == 2 else "1"
-    fields["block_rows"], fields["block_cols"] = (BLOCK_2D if len(kept) == 2 else (BLOCK_1D, 1))
-    fields["bounds"] = " & ".join(bounds)
-    if family.engine.kind is ir.EngineKind.NVSHMEM:
-        fields.update(nvshmem_span(schedule, family, source, target))
-    return fields
-
-
-def nvshmem_span(schedule, family, source, target) -> dict:
-    """An nvshmem put moves one contiguous byte range: whole rows of row-major tensors."""
-    out = {}
-    for role, region in (("src", source), ("dst", target)):
-        tensor = schedule.tensors[region.tensor]
-        kept = [n for n, d in enumerate(region.dims) if d.kept]
-        inner = kept[1:]
-        for n in inner + list(range(kept[-1] + 1, len(region.dims))):
-            dim = region.dims[n]
-            if dim.start != 0 or dim.size != tensor.shape[n]:
-                raise LoweringError(f"chunk '{family.name}' on nvshmem must move whole rows of '{region.tensor}' "
-                                    "(a contiguous range)")
-        start = sum((d.start * sympy.Mul(*tensor.shape[n + 1:]) for n, d in enumerate(region.dims)), sympy.Integer(0))
-        out[role] = f"({region.tensor} + {code(start)})"
-    return out
-
-
-def param_sources(schedule: ir.Schedule) -> dict[str, tuple[str, int, str]]:
-    """For each param, a caller tensor dimension that determines it, with host code solving for it."""
-    value = sympy.Symbol("tds_value", integer=True, positive=True)
+def param_sources(schedule: ir.Schedule) -> dict[str, tuple[str, int, sympy.Expr]]:
+    """For each param, a caller tensor dimension that determines it, and the param's value over that
+    dimension's size (`tds_value`)."""
     found = {}
     for tensor in schedule.tensors.values():
         if tensor.role not in (ir.Role.IN, ir.Role.OUT, ir.Role.INOUT):
             continue
         for dim, extent in enumerate(tensor.shape):
-            unknown = [p for p in schedule.params if p not in found and sympy.Symbol(p, integer=True, positive=True)
-                       in extent.free_symbols]
+            unknown = [p for p in schedule.params if p not in found and ir.size_symbol(p) in extent.free_symbols]
             others = {s.name for s in extent.free_symbols} - set(schedule.consts) - {"world"}
             if len(unknown) != 1 or others != set(unknown):
                 continue
-            param = sympy.Symbol(unknown[0], integer=True, positive=True)
-            solutions = sympy.solve(sympy.Eq(extent, value), param)
+            solutions = sympy.solve(sympy.Eq(extent, VALUE), ir.size_symbol(unknown[0]))
             if len(solutions) == 1:
-                found[unknown[0]] = (tensor.name, dim, code(solutions[0], kernel=False))
+                found[unknown[0]] = (tensor.name, dim, solutions[0])
     missing = [p for p in schedule.params if p not in found]
     if missing:
         raise LoweringError(f"cannot infer {', '.join(missing)} from the shapes of the caller's tensors")
     return found
 
 
-def conditions(schedule: ir.Schedule) -> list[tuple[str, str]]:
+def conditions(schedule: ir.Schedule) -> tuple[tuple[sympy.Expr, str], ...]:
     out, seen = [], set()
-    for cond in schedule.conditions:
-        holds = cond.holds
-        if isinstance(holds, sympy.Eq) and isinstance(holds.lhs, sympy.Mod) and holds.rhs == 0:
-            text = f"({code(holds.lhs.args[0], kernel=False)}) % ({code(holds.lhs.args[1], kernel=False)}) == 0"
-        else:  # a `require` of another form
-            text = code(holds, kernel=False)
-        if text not in seen:
-            seen.add(text)
-            out.append((text, f"{cond.message} ({schedule.program.path}:{cond.span.line})"))
-    return out
+    for condition in schedule.conditions:
+        if condition.holds not in seen:
+            seen.add(condition.holds)
+            out.append((condition.holds, f"{condition.message} ({schedule.program.path}:{condition.span.line})"))
+    return tuple(out)

@@ -1,13 +1,25 @@
 """Rendering: a kernel plan becomes one Python module (Triton kernels and host launcher) through the
-Jinja templates beside this file. Every decision is already in the plan; templates only fill holes."""
+Jinja templates beside this file. Every decision is already in the plan; the templates and the few
+printing filters here turn its expressions and records into text, and decide nothing."""
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import jinja2
+import sympy
 
-from tiledsl.codegen.plan import KernelPlan
+from tiledsl.codegen import body
+from tiledsl.codegen.interface import EPOCH, Kind
+from tiledsl.codegen.plan import INSTANCE, KernelPlan
+from tiledsl.schedule import ir
+from tiledsl.schedule.intcode import code
+from tiledsl.tables import DTYPES, FUNCTIONS
+
+WIDTH = 110  # generated lines are wrapped to this (and never exceed about 120)
+AXES = {1: ("tds_elems",), 2: ("tds_rows", "tds_cols")}  # a tile block's aranges, by its number of axes
+COPY_AXES = ("tds_r", "tds_c")                             # a chunk copy's row and column offsets
 
 
 @functools.lru_cache(maxsize=1)
@@ -16,25 +28,222 @@ def _environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     # repr() quotes every user-derived string, so a path or message can never become code
-    env.filters["pyrepr"] = repr
+    env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
+                       offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
+                       always=always, slot=slot_code, comment=comment, string=string)
+    env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE)
     return env
 
 
 def render(plan: KernelPlan) -> str:
     """The text of the generated module for `plan`."""
-    names = list(plan.params) + ["rank", "world"] + list(plan.consts)
-    unpack = "\n".join(f"    {n} = tds_env[{n!r}]" for n in names)
-    blocks = [b for f in plan.families for b in f.blocks]
-    scalar_args = ", ".join([f"tds_a[{n!r}]" for n in plan.params + ["rank", "world", "tds_epoch_cell", "tds_diag", "tds_max_spins"]]
-                            + [f"{n}=tds_a[{n!r}]" for n in list(plan.consts) + blocks])
-    text = _environment().get_template("module.py.jinja").render(
-        name=plan.name, path=plan.path, source_hash=plan.source_hash, version=plan.version,
-        tensors=plan.tensors, families=plan.families, kernel_families=plan.kernel_families,
-        copy_families=plan.copy_families, signalled=plan.signalled,
-        ordered=[f for f in plan.kernel_families if f.ordered],
-        counted=[f for f in plan.kernel_families if f.counted],
-        matmuls=[f for f in plan.kernel_families if f.matmul], params=plan.params, consts=plan.consts,
-        blocks=blocks, edges=plan.edges, param_sources=plan.param_sources, conditions=plan.conditions,
-        distributed=plan.distributed, uses_nvshmem=plan.uses_nvshmem, unpack=unpack,
-        scalar_args=scalar_args)
+    text = _environment().get_template("module.py.jinja").render(plan=plan, copy_axes=COPY_AXES, axes_of=axes_of,
+                                                                  renames=renames, unpack=unpack(plan))
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+
+
+# ---- expressions -------------------------------------------------------------------------------------
+
+def kernel_code(expr, names: dict | None = None) -> str:
+    return code(expr, kernel=True, names=names)
+
+
+def host_code(expr, names: dict | None = None) -> str:
+    return code(expr, kernel=False, names=names)
+
+
+def always(expr) -> bool:
+    return sympy.sympify(expr) is sympy.true
+
+
+def renames(family) -> dict[str, str]:
+    """A family with one index and one part: its index is its instance number, named as the index."""
+    if len(family.indices) == 1 and family.split == 1:
+        return {INSTANCE.name: family.indices[0][0].name}
+    return {}
+
+
+def slot_code(expr, family) -> str:
+    return kernel_code(expr, renames(family))
+
+
+# ---- blocks --------------------------------------------------------------------------------------------
+
+def axes_of(family) -> list[tuple[str, str]]:
+    """(name, arange) of the block axes a tile's loads and stores use: hoisted out of the instance loop."""
+    places = [s.place for s in body_walk(family.body) if isinstance(s, (body.Load, body.Store))]
+    if not places:
+        return []
+    count = places[0].axes
+    out = []
+    for n, name in enumerate(AXES[count]):
+        blocks = {d.block for p in places for d in p.dims if d.axis == n}
+        (block,) = blocks
+        expand = "" if count == 1 else ("[:, None]" if n == 0 else "[None, :]")
+        out.append((name, f"tl.arange(0, {block}){expand}"))
+    return out
+
+
+def body_walk(statements):
+    for s in statements:
+        yield s
+        if isinstance(s, body.Loop):
+            yield from body_walk(s.body)
+
+
+def offset(place: body.Place, axis_names=None) -> str:
+    """The element offset of a place's block from its base, dimension by dimension: the start (plus
+    the block's arange along its axis) times the stride."""
+    axis_names = axis_names or AXES[place.axes]
+    terms = []
+    for dim in place.dims:
+        if dim.axis is None:
+            term = kernel_code(dim.start * dim.stride)
+        else:
+            index = _index(dim, axis_names)
+            term = index if dim.stride == 1 else f"({index}) * {kernel_code(dim.stride)}" if dim.start != 0 \
+                else f"{index} * {kernel_code(dim.stride)}"
+        if term != "0":
+            terms.append(term)
+    return " + ".join(terms) or "0"
+
+
+def mask(places, axis_names=None) -> str:
+    """Which elements of the block exist: inside the tensor(s), and inside the region where the block is
+    larger than it."""
+    places = places if isinstance(places, (list, tuple)) else [places]
+    axis_names = axis_names or AXES[places[0].axes]
+    parts = []
+    for dim in (d for place in places for d in place.dims):
+        if dim.axis is None:
+            continue
+        if dim.clip is not None:
+            parts.append(f"({axis_names[dim.axis]} < {kernel_code(dim.clip)})")
+        parts.append(f"({_index(dim, axis_names)} < {kernel_code(dim.bound)})")
+    return " & ".join(dict.fromkeys(parts)) if parts else "None"
+
+
+def _index(dim: body.Dim, axis_names) -> str:
+    along = axis_names[dim.axis]
+    return along if dim.start == 0 else f"{kernel_code(dim.start)} + {along}"
+
+
+def base(place_or_tensor, owner=None) -> str:
+    """The tensor, or its copy on `owner` (this rank's pointer plus the owner's offset)."""
+    if isinstance(place_or_tensor, body.Place):
+        place_or_tensor, owner = place_or_tensor.tensor, place_or_tensor.owner
+    if owner is None:
+        return place_or_tensor
+    return f"{place_or_tensor} + tl.load(tds_peers_{place_or_tensor} + {kernel_code(owner)})"
+
+
+def operand(value) -> str:
+    if isinstance(value, body.Scalar):
+        if isinstance(value.value, (int, float)):
+            return repr(float(value.value))
+        return f"({kernel_code(value.value)}).to(tl.float32)"
+    return value
+
+
+def apply(statement: body.Apply) -> str:
+    function = FUNCTIONS[statement.function]
+    args = [operand(a) for a in statement.args]
+    args += list(function.defaults[len(args) - function.arity[1]:]) if len(args) < function.arity[1] else []
+    row = kernel_code(statement.row) if statement.row is not None else None
+    return function.triton.format(*args, row=row)
+
+
+def cast(dtype: str) -> str:
+    return DTYPES[dtype].triton
+
+
+# ---- argument lists ------------------------------------------------------------------------------------
+
+def params(names, interface) -> str:
+    """A signature's parameters: constexprs marked as such."""
+    constexpr = {a.name for a in interface.args if a.constexpr}
+    return ", ".join(f"{n}: tl.constexpr" if n in constexpr else n for n in names)
+
+
+def call_args(names) -> str:
+    return ", ".join(names)
+
+
+# ---- lines ---------------------------------------------------------------------------------------------
+
+def wrap(line: str, width: int = WIDTH) -> str:
+    """A long line broken inside its brackets: at the commas of the outermost bracket first, then at
+    ` & `, ` + ` or ` - `, continuations aligned under the bracket they are in."""
+    if len(line) > width and _break_point(line, width, []) is None:
+        # an expression outside any bracket (a mask, a guard): bracket it so that it can break
+        bare = re.match(r"(\s*(?:if |[\w.]+ = ))(.*?)(:?)$", line)
+        if bare:
+            line = f"{bare[1]}({bare[2]}){bare[3]}"
+    out, rest, opens = [], line, []
+    while len(rest) > width:
+        cut = _break_point(rest, width, opens)
+        if cut is None:
+            break
+        keep, opens = cut
+        out.append(rest[:keep].rstrip())
+        rest = " " * (opens[-1] + 1) + rest[keep:].lstrip()
+    return "\n".join(out + [rest])
+
+
+def _break_point(line: str, width: int, opens: list[int]) -> tuple[int, list[int]] | None:
+    """(where to cut, the brackets open there) for the best break before `width`: a comma before an
+    operator, the shallowest bracket first, the furthest right within it. `opens` are the columns of
+    the brackets still open from the lines before."""
+    opens, best = list(opens), None
+    quote = None
+    for n, char in enumerate(line[:width + 1]):
+        if quote:  # never break inside a string literal
+            quote = None if char == quote else quote
+            continue
+        if char in "'\"":
+            quote = char
+        elif char in "([":
+            opens.append(n)
+        elif char in ")]":
+            if opens:
+                opens.pop()
+        elif opens:
+            for kind, token in enumerate((", ", " & ", " + ", " - ")):
+                if line.startswith(token, n):
+                    keep = n + 1 if token == ", " else n
+                    if keep > opens[-1] + 9:  # a break must leave something on the line
+                        rank = (min(kind, 1), len(opens), -keep)
+                        if best is None or rank < best[0]:
+                            best = (rank, keep, list(opens))
+    return None if best is None else best[1:]
+
+
+def comment(text: str, indent: str = "") -> str:
+    """A `# ...` comment, broken at spaces into lines of WIDTH."""
+    words, lines = text.split(" "), [indent + "#"]
+    for word in words:
+        if len(lines[-1]) + 1 + len(word) > WIDTH and lines[-1].strip() != "#":
+            lines.append(indent + "#  ")
+        lines[-1] += " " + word
+    return "\n".join(lines)
+
+
+def string(text: str, indent: int) -> str:
+    """A string literal, as adjacent literals on lines of WIDTH where it is long."""
+    pieces, current = [], ""
+    for word in text.split(" "):
+        candidate = f"{current} {word}" if current else word
+        if current and len(repr(candidate)) + indent > WIDTH:
+            pieces.append(current + " ")
+            current = word
+        else:
+            current = candidate
+    pieces.append(current)
+    return ("\n" + " " * indent).join(repr(p) for p in pieces)
+
+
+def unpack(plan: KernelPlan) -> str:
+    """Host functions' first lines: the sizes as local names."""
+    names = list(plan.params) + ["rank", "world"] + list(plan.consts)
+    return "\n".join(f"    {n} = tds_env[{n!r}]" for n in names)
+

@@ -62,7 +62,11 @@ class Issuing:
             else:
                 roles, grid = self._roles(call.env, only=spec.name)
                 roles["tds_ENTER"] = call.fold
-                self.module.tds_launch_kernel((grid,), call.kernel_args, roles, call.options)
+                self._launch(grid, call.kernel_args, roles, call.options)
+
+    def _launch(self, grid: int, args: dict, roles: dict, options: dict):
+        """The persistent kernel through Triton's JIT (compiling on first use); returns the compiled kernel."""
+        return self.module.tds_kernel[(grid,)](**args, **roles, **options)
 
     def _begin(self, call):
         """What every call does first, emulated or not: stage the inputs, zero the counts copy-engine
@@ -102,7 +106,7 @@ class Issuing:
         if call.kernel_replay is not None:
             call.kernel_replay()
         elif call.grid:
-            compiled = self.module.tds_launch_kernel((call.grid,), call.kernel_args, call.roles, call.options)
+            compiled = self._launch(call.grid, call.kernel_args, call.roles, call.options)
             if self.replay:
                 call.kernel_replay = Replay(self.module.tds_kernel, compiled, (call.grid,),
                                             {**call.kernel_args, **call.roles})

@@ -16,7 +16,8 @@ from tiledsl.runtime import sync, validate
 # ScheduleTimeout is raised by check() below, and callers import it from here
 from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
-    FamilySpec, TensorSpec, kernel_options, linear, pipeline_stages, pow2_at_least, unlinear)
+    Arg, FamilySpec, Kind, TensorSpec, kernel_options, linear, ordered_instances, pipeline_stages, pow2_at_least,
+    unlinear)
 from tiledsl.runtime.validate import LaunchError
 
 # Tensor sets a program keeps prepared calls (and their CUDA graphs) for. Each keeps its caller tensors
@@ -189,9 +190,7 @@ class Program(Issuing):
         fold = self._folds_entry(copies, staged, grid)
         if roles is not None:
             roles["tds_ENTER"] = fold
-        args = self._kernel_args(env, res, views, shared)
-        if self.module.tds_DISTRIBUTED:
-            args.update(tds_barrier=barrier[0], tds_peers_barrier=barrier[1])
+        args = self._kernel_args(env, res, views, shared, barrier)
         counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
         return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold,
                             counts)
@@ -209,35 +208,41 @@ class Program(Issuing):
             return len([f for f in self.module.tds_FAMILIES if f.name not in self.skip]) == 1
         return grid > 0
 
-    def _kernel_args(self, env, res, views, shared) -> dict:
-        # runtime entries are tds_-prefixed: a program may name a size `epoch` or `diag`
-        a = {**env, **res["blocks"], "tds_epoch_cell": self._epoch_cell, "tds_diag": res["diag"],
-             "tds_max_spins": self.max_spins}
-        for spec in self.module.tds_TENSORS:
-            a[spec.name] = views[spec.name]
-            if spec.peers:
-                a[f"tds_peers_{spec.name}"] = self._peer_offsets(views[spec.name], shared.get(spec.name))
-        for spec in self.module.tds_FAMILIES:
-            if spec.notify:
-                a[f"tds_sig_{spec.name}"] = res[f"sig_{spec.name}"]
-                if spec.notify == "all":
-                    a[f"tds_peers_sig_{spec.name}"] = self._peer_offsets(res[f"sig_{spec.name}"])
-            if spec.ordered:
-                a[f"tds_order_{spec.name}"] = res[f"order_table_{spec.name}"]
-            if spec.counted:
-                a[f"tds_count_{spec.name}"] = res[f"count_{spec.name}"]
-            if spec.matmul:
-                a.update(self._descriptors(spec.name, env, views))
+    def _kernel_args(self, env, res, views, shared, barrier) -> dict:
+        """Every argument of the kernel but its roles, by name, from the module's one list of them."""
+        a = {}
+        for arg in self.module.tds_ARGS:
+            kind = arg.kind
+            if kind is Kind.TENSOR:
+                a[arg.name] = views[arg.of]
+            elif kind is Kind.PEERS:
+                a[arg.name] = self._peer_offsets(views[arg.of], shared.get(arg.of))
+            elif kind is Kind.SIGNALS:
+                a[arg.name] = res[f"sig_{arg.of}"]
+            elif kind is Kind.SIGNAL_PEERS:
+                a[arg.name] = self._peer_offsets(res[f"sig_{arg.of}"])
+            elif kind is Kind.ORDER:
+                a[arg.name] = res[f"order_table_{arg.of}"]
+            elif kind is Kind.COUNT:
+                a[arg.name] = res[f"count_{arg.of}"]
+            elif kind is Kind.DESCRIPTOR:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+                a[arg.name] = TensorDescriptor.from_tensor(views[arg.of], list(arg.block))
+            elif kind in (Kind.SIZE, Kind.CONST):
+                a[arg.name] = env[arg.name]
+            elif kind is Kind.BLOCK:
+                a[arg.name] = res["blocks"][arg.name]
+            elif kind is Kind.EPOCH_CELL:
+                a[arg.name] = self._epoch_cell
+            elif kind is Kind.DIAG:
+                a[arg.name] = res["diag"]
+            elif kind is Kind.MAX_SPINS:
+                a[arg.name] = self.max_spins
+            elif kind is Kind.BARRIER:
+                a[arg.name] = barrier[0]
+            elif kind is Kind.BARRIER_PEERS:
+                a[arg.name] = barrier[1]
         return a
-
-    def _descriptors(self, family, env, views) -> dict:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        left, right, block_m, block_n, block_k, target = self.module.tds_matmuls(env)[family]
-        out = {f"tds_desc_{family}_a": TensorDescriptor.from_tensor(views[left], [block_m, block_k]),
-               f"tds_desc_{family}_b": TensorDescriptor.from_tensor(views[right], [block_k, block_n])}
-        if target is not None:
-            out[f"tds_desc_{family}_c"] = TensorDescriptor.from_tensor(views[target], [block_m, block_n])
-        return out
 
     def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
         """RUN/START/PROGRAMS for every kernel family, and the grid size."""
@@ -263,7 +268,7 @@ class Program(Issuing):
         return roles, start + (rest if shared else 0)
 
     def _options(self, env) -> dict:
-        options = kernel_options(self.module, env)
+        options = kernel_options(self.module)
         if self.num_warps is not None:
             options["num_warps"] = self.num_warps
         if self.module.tds_USES_NVSHMEM and not self.emulated:
@@ -285,14 +290,15 @@ class Program(Issuing):
             return self.heap.peer(shared.get(name, views[name]), owner)
 
         signals = res.get(f"sig_{spec.name}")
+        # a waiter on this rank (a local edge) reads this rank's slot; one elsewhere, its own copy
+        ranks = [] if signals is None else [self.rank] if spec.notify == "local" else list(range(self.world))
         view_of = getattr(self.module, f"tds_views_{spec.name}")
         waits_of = getattr(self.module, f"tds_waits_{spec.name}", None)
         count = self.module.tds_counts(env)[spec.name]
         ops = []
         for instance in res[f"order_{spec.name}"]:
-            source, target, owner = view_of(env, tensor, instance)
+            source, target = view_of(env, tensor, instance)
             slot = self.rank * spec.split * count + instance * spec.split
-            ranks = [] if signals is None else ([owner] if spec.notify == "local" else list(range(self.world)))
             copies = [(self._signal_view(signals, r), slot) for r in ranks]
             waits = [(res[f"count_{producer}"], index, expected, edge)
                      for producer, index, expected, edge in (waits_of(env, instance) if waits_of else [])
@@ -326,5 +332,5 @@ class Program(Issuing):
                     f"{int(diag[sync.DIAG_EXPECTED])}, saw {int(diag[sync.DIAG_SEEN])})")
 
 
-__all__ = ["Program", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "linear", "unlinear",
-           "pow2_at_least", "kernel_options", "pipeline_stages"]
+__all__ = ["Program", "Arg", "Kind", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "linear",
+           "unlinear", "ordered_instances", "pow2_at_least", "kernel_options", "pipeline_stages"]

@@ -1,12 +1,54 @@
-"""What a generated module declares about itself (its tensors and families), and the launch arithmetic
-that code generation and the launcher share (pipeline stages, warps, power-of-two blocks, instance
-numbering)."""
+"""What a generated module declares about itself (its kernel's arguments, tensors and families), and
+the launch arithmetic that code generation and the launcher share (pipeline stages, warps,
+power-of-two blocks, instance numbering and order)."""
 from __future__ import annotations
 
+import enum
+import itertools
 import math
 from dataclasses import dataclass
 
 SHARED_MEMORY_BYTES = 220 * 1024  # per SM on Hopper, less what Triton keeps for itself
+
+
+class Kind(str, enum.Enum):
+    """What a kernel argument is; the launcher fills each kind its own way."""
+    TENSOR = "tensor"              # a tensor's data: the caller's, or one the program owns (symm, local)
+    PEERS = "peers"                # element offsets from a tensor to each rank's copy of it (int64[world])
+    SIGNALS = "signals"            # a family's signal slots, [world, slots] epochs
+    SIGNAL_PEERS = "signal_peers"  # element offsets from the signals to each rank's copy
+    ORDER = "order"                # a family's instance numbers in the order it runs them (int32)
+    COUNT = "count"                # a family's instances done per first index (the copy engine waits on it)
+    DESCRIPTOR = "descriptor"      # a TMA descriptor: a product's operand or target
+    SIZE = "size"                  # a param, `rank` or `world`
+    EPOCH_CELL = "epoch_cell"      # [this call's epoch, programs finished] (int32)
+    DIAG = "diag"                  # where a wait that gives up records rank, edge, instance and epochs
+    MAX_SPINS = "max_spins"        # a wait's bound, in reads of its slot
+    BARRIER = "barrier"            # the entry barrier's slots, one per rank
+    BARRIER_PEERS = "barrier_peers"
+    CONST = "const"                # a compile-time size (constexpr)
+    BLOCK = "block"                # a launch-time power-of-two block (constexpr)
+    ROLE = "role"                  # which programs run which family, and whether the kernel is the entry
+
+
+CONSTEXPR = (Kind.CONST, Kind.BLOCK, Kind.ROLE)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a generated kernel (codegen/interface.py describes them all, once)."""
+    name: str
+    kind: Kind
+    of: str | None = None               # the tensor or family it belongs to
+    dtype: str | None = None            # element dtype of a pointer or descriptor (a tables.DTYPES name)
+    block: tuple[int, ...] = ()         # a descriptor's block shape
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", Kind(self.kind))
+
+    @property
+    def constexpr(self) -> bool:
+        return self.kind in CONSTEXPR
 
 
 @dataclass(frozen=True)
@@ -51,13 +93,15 @@ def unlinear(number: int, extents: tuple) -> tuple:
     return tuple(reversed(out))
 
 
-def kernel_options(module, env) -> dict:
+def kernel_options(module) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block."""
-    matmuls = module.tds_matmuls(env)
-    if not matmuls:
+    descriptors = {a.name: a for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR}
+    products = [f.name for f in module.tds_FAMILIES if f.matmul]
+    if not products:
         return {"num_warps": 4, "num_stages": 2}
-    stages = min(pipeline_stages(bm, bn, bk, target is not None) for _, _, bm, bn, bk, target in matmuls.values())
+    stages = min(pipeline_stages(*descriptors[f"tds_desc_{f}_a"].block, descriptors[f"tds_desc_{f}_b"].block[1],
+                                 f"tds_desc_{f}_c" in descriptors) for f in products)
     return {"num_warps": 8, "num_stages": max(2, stages)}
 
 
@@ -67,3 +111,8 @@ def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool) -
     stage_bytes = (block_m * block_k + block_k * block_n) * 2
     staging = block_m * block_n * 2 if tma_store else 0
     return min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes)
+
+
+def ordered_instances(extents: tuple, key) -> list[int]:
+    """Instance numbers sorted by `key(*index)`: the order a family runs its instances in."""
+    return [linear(index, extents) for index in sorted(itertools.product(*map(range, extents)), key=lambda i: key(*i))]

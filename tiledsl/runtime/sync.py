@@ -24,11 +24,13 @@ EMULATED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def wait(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance):
+def wait(sig_ptr, epoch, diag, max_spins, rank, edge, instance):
+    """Until the slot holds `epoch`; past `max_spins` reads, `diag` records `rank`, `edge` and the
+    waiting `instance`, with the epochs expected and seen, and the wait gives up."""
     # The common case, a signal already there, costs one read and no loop, so that a persistent
     # loop holding this wait can still be flattened into one software pipeline.
     if tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys") < epoch:
-        wait_slow(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance)
+        wait_slow(sig_ptr, epoch, diag, max_spins, rank, edge, instance)
 
 
 @triton.jit(noinline=True)
@@ -104,7 +106,7 @@ def barrier_all(bar_ptr, peers_bar, rank, world, epoch_cell, diag_ptr, max_spins
     for r in range(0, world):
         notify(bar_ptr + tl.load(peers_bar + r) + rank, epoch)
     for r in range(0, world):
-        wait(bar_ptr + r, epoch, diag_ptr, max_spins, rank, -1, r)
+        wait(bar_ptr + r, epoch, diag=diag_ptr, max_spins=max_spins, rank=rank, edge=-1, instance=r)
 
 
 @triton.jit

@@ -2,8 +2,8 @@
 launcher, and for the checker's compiled expressions (one printer for all three).
 
 Every division in the schedule is either exact (sizes) or floored (index maps), so an expression is
-printed over integers only: a rational `p/q` becomes a floor division after sympy puts it over one
-denominator, which is exact or the intended floor. Host code is Python, whose `//` and `%` floor. In a
+printed over integers only: a term `p/q` becomes a floor division, exact where it is a size and the
+intended floor inside `floor()` (whose argument sympy first puts over one denominator). Host code is Python, whose `//` and `%` floor. In a
 kernel Triton's `//` and `%` truncate toward zero like C, which differs for a negative numerator: there
 a division or modulo that sympy cannot prove non-negative goes through `tds_int.floordiv` /
 `tds_int.floormod` (tiledsl/runtime/intmath.py), which floor for every sign, and the plain operators
@@ -71,11 +71,11 @@ class _Printer:
             for arg in e.args[1:]:
                 out = f"{func}({out}, {self.print(arg)[0]})"
             return out, ATOM
-        num, den = sympy.fraction(sympy.together(e))
+        if e.is_Add:  # term by term: each term's own exact division, not one over a common denominator
+            return self.add(e)
+        num, den = sympy.fraction(e)
         if den != 1:
             return self.divide(num, den)
-        if e.is_Add:
-            return self.add(e)
         if e.is_Mul:
             coeff, rest = e.as_coeff_Mul()
             factors = sympy.Mul.make_args(rest)

@@ -165,7 +165,7 @@ def order_keys(schedule: ir.Schedule, family: ir.Family) -> tuple[sympy.Expr, ..
     if grouped(schedule, family):
         i, j = indices[0], indices[1]
         keys += (sympy.floor(i / GROUP_M), j)
-    return keys + indices
+    return keys + tuple(i for i in indices if i not in keys)  # an index already a key orders nothing more
 
 
 def ordered(schedule: ir.Schedule, family: ir.Family) -> bool:
@@ -184,11 +184,26 @@ class Target:
 def target(schedule: ir.Schedule, edge: ir.Edge) -> Target:
     producer = schedule.families[edge.producer]
     rank = {ir.RankSet.LOCAL: ir.RANK, ir.RankSet.AT: edge.rank_expr, ir.RankSet.EVERY: None}[edge.ranks]
-    conditions = [sympy.Ge(i, 0) & sympy.Lt(i, extent)
-                  for i, (_, extent) in zip(edge.index_map, producer.indices) if i is not None]
+    bounds = [(i, extent) for i, (_, extent) in zip(edge.index_map, producer.indices) if i is not None]
     if edge.ranks is ir.RankSet.AT:
-        conditions.append(sympy.Ge(rank, 0) & sympy.Lt(rank, ir.WORLD))
+        bounds.append((rank, ir.WORLD))
+    known = dict(schedule.families[edge.consumer].indices)
+    known[ir.RANK] = ir.WORLD
+    conditions = [c for i, extent in bounds for c in (sympy.Ge(i, 0), sympy.Lt(i, extent)) if not _holds(c, known)]
     return Target(edge.index_map, rank, sympy.And(*conditions))
+
+
+def _holds(condition, known: dict) -> bool:
+    """Conditions true at every size: what sympy proves (an index is >= 0), `x mod n < n`, and `x < n`
+    where x is at most a consumer index (or `rank`) that runs below n."""
+    if condition is sympy.true:
+        return True
+    if isinstance(condition, sympy.StrictLessThan):
+        left, right = condition.args
+        if isinstance(left, sympy.Mod) and left.args[1] == right:
+            return True
+        return any(extent == right and (left - symbol).is_nonpositive for symbol, extent in known.items())
+    return False
 
 
 # ---- instances -----------------------------------------------------------------------------------

@@ -1,0 +1,377 @@
+"""What one instance of a tile or of an SM chunk does, as typed statements: the blocks it loads, the
+math it does, what it stores or copies. Every choice is made here (block sizes, which masks are
+needed, a TMA or a pointer store); the kernel template prints the statements and decides nothing.
+
+A tile works on one block whose axes are the kept dimensions of its target region. Loads broadcast
+from the trailing axes (a bias row [BN] against a [BM, BN] block). Values are computed in float32
+and cast to the target's dtype only when stored."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Union
+
+import sympy
+
+# the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
+from tiledsl.runtime.specs import pipeline_stages, pow2_at_least
+from tiledsl.schedule import ir
+from tiledsl.tables import FUNCTIONS
+
+BLOCK_1D = 8192          # elements per step of a 1-D chunk copy
+BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of bf16 in flight
+
+
+class LoweringError(Exception):
+    """The schedule is valid but uses something code generation does not support yet."""
+
+
+# ---- where a block lives -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dim:
+    """One dimension of a tensor as a block reaches it: elements start + 0 .. block-1 along `axis`
+    (a single element at `start` where `axis` is None), masked past `bound` and, where the block is
+    larger than the region, past `clip` elements."""
+    start: sympy.Expr
+    stride: sympy.Expr
+    bound: sympy.Expr
+    axis: int | None = None
+    block: int | str | None = None   # a power of two, or a launch-time constexpr's name
+    clip: sympy.Expr | None = None
+
+
+@dataclass(frozen=True)
+class Place:
+    """A block of a tensor, on this rank's copy or, through its peer offsets, on `owner`'s."""
+    tensor: str
+    owner: sympy.Expr | None
+    dims: tuple[Dim, ...]
+    axes: int  # axes of the block it sits in: its own axes are the trailing ones
+
+
+# ---- statements ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scalar:
+    """A number, or a size expression, as a float32 operand."""
+    value: float | sympy.Expr
+
+
+Operand = Union[str, Scalar]  # a block named by an earlier statement, or a scalar
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    place: Place   # elements outside the masks read as 0
+
+
+@dataclass(frozen=True)
+class Apply:
+    name: str
+    function: str                 # a key of tables.FUNCTIONS
+    args: tuple[Operand, ...]
+    row: sympy.Expr | None = None  # row functions: the length of the row
+
+
+@dataclass(frozen=True)
+class Cast:
+    """Round `arg` to `dtype` and continue in float32, as torch does with an explicit cast."""
+    name: str
+    dtype: str
+    arg: Operand
+
+
+@dataclass(frozen=True)
+class Zeros:
+    name: str
+    blocks: tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class Accumulate:
+    name: str
+    term: Operand
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: sympy.Symbol
+    extent: sympy.Expr
+    body: tuple["Statement", ...]
+
+
+@dataclass(frozen=True)
+class Product:
+    """name = A[row : +block_m, :] @ B[:, col : +block_n] through the family's TMA descriptors, the
+    contraction dimension `k` in steps of block_k, accumulated in float32."""
+    name: str
+    family: str
+    left: str
+    right: str
+    row: sympy.Expr
+    col: sympy.Expr
+    k: sympy.Expr
+    block_m: int
+    block_n: int
+    block_k: int | str
+
+
+@dataclass(frozen=True)
+class Store:
+    place: Place
+    value: Operand
+
+
+@dataclass(frozen=True)
+class TmaStore:
+    """A product's block out through the family's target descriptor: it clips at the tensor's edge by
+    itself and frees the registers a block of pointers would take."""
+    family: str
+    tensor: str
+    row: sympy.Expr
+    col: sympy.Expr
+    value: str
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Every thread's stores are visible before the next statement reads them back."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """An SM chunk: part `tds_part` of `split` of the region, in blocks of `block` (rows, or rows and
+    columns), loaded from `source` and stored (added, with `reduce`) into `target`. The places' kept
+    dimensions run along the copy's row and column loops."""
+    source: Place
+    target: Place
+    rows: sympy.Expr
+    cols: sympy.Expr | None
+    block: tuple[int, ...]
+    split: int
+    reduce: bool
+
+
+@dataclass(frozen=True)
+class Put:
+    """An NVSHMEM chunk: part `tds_part` of `split` of whole rows, one putmem_signal to `owner`, which
+    signals the family's slot there with the epoch."""
+    family: str
+    source: str
+    source_owner: sympy.Expr | None   # a peer's copy of the source, read through its peer offsets
+    source_start: sympy.Expr
+    target: str
+    target_start: sympy.Expr
+    owner: sympy.Expr
+    rows: sympy.Expr
+    cols: sympy.Expr
+    split: int
+
+
+Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Copy, Put]
+
+
+# ---- tiles -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TileBody:
+    statements: tuple[Statement, ...]
+    product: Product | None                      # the family's one matrix product, if it has one
+    tma_target: str | None                        # the tensor a TmaStore writes
+    blocks: tuple[tuple[str, sympy.Expr], ...]   # launch-time constexpr blocks: name, the size it covers
+
+
+def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],
+              kernel: Callable[[sympy.Expr], sympy.Expr]) -> TileBody:
+    """The statements of one tile instance; `kernel` rewrites an expression for the kernel (let names)."""
+    return _Tile(schedule, family, consts, kernel).lower()
+
+
+class _Tile:
+    def __init__(self, schedule, family, consts, kernel):
+        self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
+        self.names: set[str] = set()
+        self.blocks: list[tuple[str, sympy.Expr]] = []
+        self.axes: list[tuple[sympy.Expr, int | str]] = []
+        self.product: Product | None = None
+
+    def fresh(self, hint: str) -> str:
+        base = f"tds_{hint}"
+        name, n = base, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}{n}"
+        self.names.add(name)
+        return name
+
+    def lower(self) -> TileBody:
+        stores = self.family.stores
+        if len({tuple(s.shape) for s in stores}) != 1:
+            raise LoweringError(f"tile '{self.family.name}': every store of a tile must have the same shape")
+        shape = stores[0].shape
+        if not 1 <= len(shape) <= 2:
+            raise LoweringError(f"tile '{self.family.name}': blocks of {len(shape)} dimensions are not supported")
+        self.axes = [self.axis(size, n) for n, size in enumerate(shape)]
+        out: list[Statement] = []
+        tma_target = None
+        for n, store in enumerate(stores):
+            if n:
+                out.append(Barrier())  # the next store may read what this one just stored
+            value = self.value(store.value, out)
+            if self.product is not None and self.tma_store(store.target):
+                dims = store.target.dims
+                out.append(TmaStore(self.family.name, store.target.tensor, self.k(dims[0].start),
+                                    self.k(dims[1].start), value))
+                tma_target = store.target.tensor
+                continue
+            out.append(Store(self.place(store.target), value))
+        return TileBody(tuple(out), self.product, tma_target, tuple(self.blocks))
+
+    def axis(self, size: sympy.Expr, n: int) -> tuple[sympy.Expr, int | str]:
+        value = size.subs({ir.size_symbol(k): v for k, v in self.consts.items()})
+        if value.is_Integer:
+            return size, pow2_at_least(int(value))
+        name = f"tds_BLOCK_{self.family.name}_{n}"
+        self.blocks.append((name, size))
+        return size, name
+
+    def tma_store(self, target: ir.Region) -> bool:
+        """A product's block goes out through a TMA descriptor when it is a local 2-D block of the whole
+        tile and shared memory holds both the pipeline (2 stages at least) and the staging of the block."""
+        tensor = self.schedule.tensors[target.tensor]
+        if target.owner is not None or len(tensor.shape) != 2 or not all(d.kept for d in target.dims) \
+                or len(self.family.stores) != 1:
+            return False
+        block_k = self.consts.get("BK", 64)
+        return pipeline_stages(self.product.block_m, self.product.block_n, block_k, tma_store=True) >= 2
+
+    def place(self, region: ir.Region) -> Place:
+        """A region whose kept dimensions sit on the trailing axes of the tile's block."""
+        tensor = self.schedule.tensors[region.tensor]
+        kept = [d for d in region.dims if d.kept]
+        first = len(self.axes) - len(kept)
+        if first < 0:
+            raise LoweringError(f"'{region.tensor}' has more dimensions than the tile's block")
+        dims, axis = [], first
+        for n, dim in enumerate(region.dims):
+            stride = self.k(sympy.Mul(*tensor.shape[n + 1:]))
+            if not dim.kept:
+                dims.append(Dim(self.k(dim.start), stride, self.k(tensor.shape[n])))
+                continue
+            block = self.axes[axis][1]
+            clip = None if _covers(block, dim.size, self.consts) else self.k(dim.size)
+            dims.append(Dim(self.k(dim.start), stride, self.k(tensor.shape[n]), axis, block, clip))
+            axis += 1
+        owner = None if region.owner is None else self.k(region.owner)
+        return Place(region.tensor, owner, tuple(dims), len(self.axes))
+
+    def value(self, value: ir.Value, out: list) -> Operand:
+        if isinstance(value, ir.Scalar):
+            number = value.value
+            return Scalar(float(number) if isinstance(number, (int, float)) else self.k(number))
+        if isinstance(value, ir.Load):
+            name = self.fresh(value.region.tensor)
+            out.append(Load(name, self.place(value.region)))
+            return name
+        if isinstance(value, ir.MatMul):
+            return self.matmul(value, out)
+        if isinstance(value, ir.Reduce):
+            name = self.fresh("sum")
+            out.append(Zeros(name, tuple(block for _, block in self.axes)))
+            body: list[Statement] = []
+            term = self.value(value.body, body)
+            body.append(Accumulate(name, term))
+            out.append(Loop(value.var, self.k(value.extent), tuple(body)))
+            return name
+        args = tuple(self.value(a, out) for a in value.args)
+        if value.func.startswith("cast:"):
+            name = self.fresh("cast")
+            out.append(Cast(name, value.func[5:], args[0]))
+            return name
+        function = FUNCTIONS[value.func]
+        row = None
+        if function.rows:
+            if len(self.axes) != 2:
+                raise LoweringError(f"{value.func} needs a 2-D block (rows, the whole row)")
+            row = self.k(self.axes[1][0])
+        name = self.fresh(value.func)
+        out.append(Apply(name, value.func, args, row))
+        return name
+
+    def matmul(self, product: ir.MatMul, out: list) -> str:
+        if self.product is not None:
+            raise LoweringError("a tile may hold one matrix product")
+        left, right = product.left.region, product.right.region
+        for region in (left, right):
+            tensor = self.schedule.tensors[region.tensor]
+            if region.owner is not None or len(tensor.shape) != 2:
+                raise LoweringError(f"'@' reads '{region.tensor}' through a TMA descriptor: it must be a local "
+                                    "2-D tensor")
+        for dim, region, n in ((left.dims[1], left, 1), (right.dims[0], right, 0)):
+            extent = self.schedule.tensors[region.tensor].shape[n]
+            if dim.start != 0 or dim.size != extent:
+                raise LoweringError(f"'@' must contract over the whole of '{region.tensor}' (sub-ranges of K are "
+                                    "not supported yet)")
+        (_, block_m), (_, block_n) = self.axes
+        if not isinstance(block_m, int) or not isinstance(block_n, int):
+            raise LoweringError(f"tile '{self.family.name}': a product's block must be a const size (TMA)")
+        block_k = "BK" if "BK" in self.consts else 64
+        name = self.fresh("acc")
+        self.product = Product(name, self.family.name, left.tensor, right.tensor, self.k(left.dims[0].start),
+                               self.k(right.dims[1].start),
+                               self.k(left.dims[1].size), block_m, block_n, block_k)
+        out.append(self.product)
+        return name
+
+
+def _covers(block: int | str, size: sympy.Expr, consts: dict[str, int]) -> bool:
+    """Whether a block of `block` elements is exactly the region's size (no mask needed for it)."""
+    value = size.subs({ir.size_symbol(k): v for k, v in consts.items()})
+    return isinstance(block, int) and value.is_Integer and int(value) == block
+
+
+# ---- chunks on SMs ---------------------------------------------------------------------------------
+
+def chunk_body(schedule: ir.Schedule, family: ir.Family, kernel: Callable[[sympy.Expr], sympy.Expr]) -> Statement:
+    """The copy (or put) of one chunk instance's part."""
+    source, target = family.reads[0], family.writes[0]
+    kept = [d for d in source.dims if d.kept]
+    if not 1 <= len(kept) <= 2:
+        raise LoweringError(f"chunk '{family.name}': regions of {len(kept)} kept dimensions are not supported")
+    rows = kernel(kept[0].size)
+    cols = kernel(kept[1].size) if len(kept) == 2 else None
+    if family.engine.kind is ir.EngineKind.NVSHMEM:
+        owner = None if source.owner is None else kernel(source.owner)
+        return Put(family.name, source.tensor, owner, kernel(_row_start(schedule, family, source)), target.tensor,
+                   kernel(_row_start(schedule, family, target)), kernel(target.owner), rows,
+                   cols if cols is not None else sympy.Integer(1), family.split)
+    block = BLOCK_2D if len(kept) == 2 else (BLOCK_1D,)
+    return Copy(_copy_place(schedule, source, kernel), _copy_place(schedule, target, kernel), rows, cols, block,
+                family.split, family.reduce == "add")
+
+
+def _copy_place(schedule: ir.Schedule, region: ir.Region, kernel) -> Place:
+    tensor = schedule.tensors[region.tensor]
+    dims, axis = [], 0
+    for n, dim in enumerate(region.dims):
+        stride = kernel(sympy.Mul(*tensor.shape[n + 1:]))
+        if dim.kept:
+            dims.append(Dim(kernel(dim.start), stride, kernel(tensor.shape[n]), axis))
+            axis += 1
+        else:
+            dims.append(Dim(kernel(dim.start), stride, kernel(tensor.shape[n])))
+    return Place(region.tensor, None if region.owner is None else kernel(region.owner), tuple(dims), axis)
+
+
+def _row_start(schedule: ir.Schedule, family: ir.Family, region: ir.Region) -> sympy.Expr:
+    """An nvshmem put moves one contiguous range: whole rows of a row-major tensor, from this element."""
+    tensor = schedule.tensors[region.tensor]
+    kept = [n for n, d in enumerate(region.dims) if d.kept]
+    for n in kept[1:] + list(range(kept[-1] + 1, len(region.dims))):
+        dim = region.dims[n]
+        if dim.start != 0 or dim.size != tensor.shape[n]:
+            raise LoweringError(f"chunk '{family.name}' on nvshmem must move whole rows of '{region.tensor}' "
+                                "(a contiguous range)")
+    return sum((d.start * sympy.Mul(*tensor.shape[n + 1:]) for n, d in enumerate(region.dims)), sympy.Integer(0))

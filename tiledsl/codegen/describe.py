@@ -1,0 +1,99 @@
+"""`tiledsl build FILE --dump-after plan`: the typed kernel plan as text, one line per decision, with
+expressions as sympy writes them (the generated module shows the same plan printed as Triton)."""
+from __future__ import annotations
+
+import sympy
+
+from tiledsl.codegen import body
+
+
+def describe(plan) -> str:
+    lines = [f"kernel plan for {plan.name} ({plan.path})"]
+    if plan.conditions:
+        lines.append("launch conditions: " + "; ".join(str(holds) for holds, _ in plan.conditions))
+    for family in plan.families:
+        lines += _family(family, plan.interface.families.get(family.name, ()))
+    lines.append("kernel arguments: " + ", ".join(
+        f"{a.name} ({a.kind.value})" for a in plan.interface.args if a.kind.value != "role"))
+    lines.append(f"entry barrier: {plan.distributed}; nvshmem: {plan.uses_nvshmem}")
+    return "\n".join(lines)
+
+
+def _family(f, arguments) -> list[str]:
+    where = "host, communication stream" if not f.on_sms else \
+        f"{f.programs} programs of its own" if f.programs else "the shared programs"
+    space = ", ".join(f"{s} < {e}" for s, e in f.indices)
+    out = [f"{f.kind} {f.name} on {f.engine} ({where}): [{space}]" + (f", split {f.split}" if f.split > 1 else "")]
+    out.append(f"  runs by: {', '.join(map(str, f.order))}" if f.order is not None else "  runs by: instance number")
+    if f.lets:
+        out.append("  lets: " + ", ".join(f"{s} = {v}" for s, v in f.lets))
+    if f.on_sms:
+        out.append(f"  receives: {', '.join(arguments)}")
+    for w in f.waits:
+        loops = "".join(f" for {v} < {e}" for v, e in w.loops)
+        guard = "" if w.exists == sympy.true else f" if {w.exists}"
+        out.append(f"  wait edge {w.edge} ({w.where}): sig_{w.producer}[{w.slot}]{loops}{guard}")
+    if f.host is not None:
+        for w in f.host.waits:
+            out.append(f"  stream waits (edge {w.edge}): count_{w.producer}[{w.row}] reaches {w.count}")
+        out.append(f"  copy {_region(f.host.source)} -> {_region(f.host.target)}")
+    out += ["  " + line for line in _statements(f.body)]
+    if f.notify is not None:
+        out.append(f"  notify {'every rank' if f.notify.every_rank else 'this rank'}: sig_{f.name}[{f.notify.slot}]")
+    if f.count_row is not None:
+        out.append(f"  count row {f.count_row} (the copy engine waits on it)")
+    if f.flatten:
+        out.append("  flattened: the persistent loop and the K loop are one pipeline")
+    return out
+
+
+def _region(r) -> str:
+    dims = ", ".join(str(start) if size is None else f"{start} : +{size}" for start, size in r.dims)
+    owner = "" if r.owner is None else f"@({r.owner})"
+    return f"{r.tensor}{owner}[{dims}]"
+
+
+def _place(p: body.Place) -> str:
+    dims = ", ".join(str(d.start) if d.axis is None else f"{d.start} : +{d.block}" for d in p.dims)
+    owner = "" if p.owner is None else f"@({p.owner})"
+    return f"{p.tensor}{owner}[{dims}]"
+
+
+def _operand(o) -> str:
+    return str(o.value) if isinstance(o, body.Scalar) else o
+
+
+def _statements(statements, depth: int = 0) -> list[str]:
+    pad, out = "  " * depth, []
+    for s in statements:
+        if isinstance(s, body.Load):
+            out.append(f"{pad}{s.name} = load {_place(s.place)}")
+        elif isinstance(s, body.Apply):
+            out.append(f"{pad}{s.name} = {s.function}({', '.join(map(_operand, s.args))})")
+        elif isinstance(s, body.Cast):
+            out.append(f"{pad}{s.name} = {s.dtype}({_operand(s.arg)})")
+        elif isinstance(s, body.Zeros):
+            out.append(f"{pad}{s.name} = zeros[{', '.join(map(str, s.blocks))}]")
+        elif isinstance(s, body.Accumulate):
+            out.append(f"{pad}{s.name} += {_operand(s.term)}")
+        elif isinstance(s, body.Loop):
+            out.append(f"{pad}for {s.var} < {s.extent}:")
+            out += _statements(s.body, depth + 1)
+        elif isinstance(s, body.Product):
+            out.append(f"{pad}{s.name} = {s.left}[{s.row} : +{s.block_m}, :] @ {s.right}[:, {s.col} : +{s.block_n}] "
+                       f"(TMA, K = {s.k} in steps of {s.block_k})")
+        elif isinstance(s, body.TmaStore):
+            out.append(f"{pad}store {s.tensor}[{s.row}, {s.col}] = {s.value} (TMA)")
+        elif isinstance(s, body.Store):
+            out.append(f"{pad}store {_place(s.place)} = {_operand(s.value)}")
+        elif isinstance(s, body.Barrier):
+            out.append(f"{pad}barrier")
+        elif isinstance(s, body.Copy):
+            kind = "add" if s.reduce else "copy"
+            out.append(f"{pad}{kind} {_place(s.source)} -> {_place(s.target)} ({s.rows} rows"
+                       + (f" x {s.cols}" if s.cols is not None else "") + f", blocks {s.block})")
+        elif isinstance(s, body.Put):
+            source = s.source + ("" if s.source_owner is None else f"@({s.source_owner})")
+            out.append(f"{pad}nvshmem put {source}[{s.source_start}:] -> {s.target}@({s.owner})[{s.target_start}:] "
+                       f"({s.rows} rows x {s.cols}) with its signal")
+    return out

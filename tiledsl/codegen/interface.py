@@ -1,0 +1,156 @@
+"""The kernel's arguments, described once. The kernel signature, each family's parameter list (only
+what the family reads), the launcher's arguments, the sm_90 ahead-of-time signature, graph replay and
+emulation are all produced from this one list (`tds_ARGS` in a generated module)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from tiledsl.codegen.body import Copy, Load, Loop, Place, Product, Put, Store, TmaStore, Zeros
+# generated modules describe their arguments with the runtime's own records: one definition of each
+from tiledsl.runtime.specs import Arg, Kind
+
+
+EPOCH = "tds_epoch"  # not an argument: the kernel reads it from the cell and hands it to its families
+
+
+@dataclass(frozen=True)
+class KernelInterface:
+    args: tuple[Arg, ...]                     # the kernel's, in order
+    families: dict[str, tuple[str, ...]]      # each family's parameters after (program, programs), in order
+
+    def named(self, name: str) -> Arg:
+        return next(a for a in self.args if a.name == name)
+
+    def of_kind(self, kind: Kind) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if a.kind is kind)
+
+
+def interface_of(plan) -> KernelInterface:
+    """The arguments of `plan`'s kernel and which of them each family receives."""
+    args: list[Arg] = []
+    for t in plan.tensors:
+        args.append(Arg(t.name, Kind.TENSOR, t.name, t.dtype))
+        if t.peers:
+            args.append(Arg(f"tds_peers_{t.name}", Kind.PEERS, t.name, "int64"))
+    for f in plan.families:
+        if f.notify is not None:
+            # NVSHMEM writes 64-bit signals; everything else uses 32-bit slots
+            dtype = "int64" if f.engine == "nvshmem" else "int32"
+            args.append(Arg(f"tds_sig_{f.name}", Kind.SIGNALS, f.name, dtype))
+            if f.notify.every_rank or f.engine == "nvshmem":
+                args.append(Arg(f"tds_peers_sig_{f.name}", Kind.SIGNAL_PEERS, f.name, "int64"))
+    kernel_families = [f for f in plan.families if f.on_sms]
+    args += [Arg(f"tds_order_{f.name}", Kind.ORDER, f.name, "int32") for f in kernel_families if f.order is not None]
+    args += [Arg(f"tds_count_{f.name}", Kind.COUNT, f.name, "int32") for f in kernel_families if f.count_row is not None]
+    dtypes = {t.name: t.dtype for t in plan.tensors}
+    for f in kernel_families:
+        if f.product is not None:
+            p = f.product
+            block_k = plan.consts[p.block_k] if isinstance(p.block_k, str) else p.block_k
+            args.append(Arg(f"tds_desc_{f.name}_a", Kind.DESCRIPTOR, p.left, dtypes[p.left], (p.block_m, block_k)))
+            args.append(Arg(f"tds_desc_{f.name}_b", Kind.DESCRIPTOR, p.right, dtypes[p.right], (block_k, p.block_n)))
+            if f.tma_target is not None:
+                args.append(Arg(f"tds_desc_{f.name}_c", Kind.DESCRIPTOR, f.tma_target, dtypes[f.tma_target],
+                                (p.block_m, p.block_n)))
+    args += [Arg(p, Kind.SIZE) for p in plan.params] + [Arg("rank", Kind.SIZE), Arg("world", Kind.SIZE)]
+    args += [Arg("tds_epoch_cell", Kind.EPOCH_CELL, dtype="int32"), Arg("tds_diag", Kind.DIAG, dtype="int32"),
+             Arg("tds_max_spins", Kind.MAX_SPINS)]
+    if plan.distributed:
+        args += [Arg("tds_barrier", Kind.BARRIER, dtype="int32"),
+                 Arg("tds_peers_barrier", Kind.BARRIER_PEERS, dtype="int64")]
+    args += [Arg(c, Kind.CONST) for c in plan.consts]
+    args += [Arg(name, Kind.BLOCK) for f in plan.families for name, _ in f.blocks]
+    args.append(Arg("tds_ENTER", Kind.ROLE))
+    for f in kernel_families:
+        args += [Arg(f"tds_{role}_{f.name}", Kind.ROLE, f.name) for role in ("RUN", "START", "PROGRAMS")]
+    order = {a.name: n for n, a in enumerate(args)}
+    order[EPOCH] = order["tds_epoch_cell"]
+    families = {f.name: tuple(sorted(_needs(f, plan), key=order.__getitem__)) for f in kernel_families}
+    return KernelInterface(tuple(args), families)
+
+
+# ---- what a family reads ---------------------------------------------------------------------------
+
+def walk(statements):
+    for s in statements:
+        yield s
+        if isinstance(s, Loop):
+            yield from walk(s.body)
+
+
+def _local_symbols(family) -> set[sympy.Symbol]:
+    """Symbols a family binds itself: its indices, instance and part, its loops' variables."""
+    from tiledsl.codegen.plan import INSTANCE, PART
+    bound = {s for s, _ in family.indices} | {INSTANCE, PART}
+    bound |= {var for w in family.waits for var, _ in w.loops}
+    bound |= {s.var for s in walk(family.body) if isinstance(s, Loop)}
+    return bound
+
+
+def _exprs(value):
+    """Every sympy expression inside a plan value (dataclasses, tuples)."""
+    if isinstance(value, sympy.Basic):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _exprs(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from _exprs(getattr(value, name))
+
+
+def symbols_of(family) -> set[sympy.Symbol]:
+    """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
+    parts = (family.indices, family.waits, family.body, family.notify, family.count_row)
+    found = set().union(*(e.free_symbols for e in _exprs(parts)))
+    return found - _local_symbols(family)
+
+
+def _needs(family, plan) -> set[str]:
+    names: set[str] = set()
+
+    def place(p: Place):
+        names.add(p.tensor)
+        if p.owner is not None:
+            names.add(f"tds_peers_{p.tensor}")
+        names.update(d.block for d in p.dims if isinstance(d.block, str))
+
+    for s in walk(family.body):
+        if isinstance(s, (Load, Store)):
+            place(s.place)
+        elif isinstance(s, Copy):
+            place(s.source)
+            place(s.target)
+        elif isinstance(s, Put):
+            names.update({s.source, s.target, f"tds_peers_{s.target}", f"tds_sig_{s.family}",
+                          f"tds_peers_sig_{s.family}", EPOCH})
+            if s.source_owner is not None:
+                names.add(f"tds_peers_{s.source}")
+        elif isinstance(s, Product):
+            names.update({f"tds_desc_{family.name}_a", f"tds_desc_{family.name}_b"})
+            if isinstance(s.block_k, str):
+                names.add(s.block_k)
+        elif isinstance(s, TmaStore):
+            names.update({f"tds_desc_{family.name}_c", s.tensor})
+        elif isinstance(s, Zeros):
+            names.update(b for b in s.blocks if isinstance(b, str))
+    if family.waits:
+        names.update({EPOCH, "tds_diag", "tds_max_spins", "rank"})
+        names.update(f"tds_sig_{w.producer}" for w in family.waits)
+    if family.notify is not None and family.engine != "nvshmem":
+        names.update({f"tds_sig_{family.name}", EPOCH})
+        if family.notify.every_rank:
+            names.update({f"tds_peers_sig_{family.name}", "world"})
+    if family.order is not None:
+        names.add(f"tds_order_{family.name}")
+    if family.count_row is not None:
+        names.add(f"tds_count_{family.name}")
+    lets = {s for s, _ in family.lets}
+    symbols = symbols_of(family) | set().union(*(v.free_symbols for _, v in family.lets))
+    names.update(s.name for s in symbols - lets)
+    return names
+
+
+__all__ = ["Arg", "Kind", "KernelInterface", "interface_of", "symbols_of", "walk", "EPOCH"]
