@@ -102,3 +102,18 @@ def test_an_output_left_unwritten_is_caught():
     with pytest.raises(AssertionError, match="NaN or Inf"):
         back_to_back(program, program.check, lambda: doubling_case(program), calls=100)
     assert program.calls == 51
+
+
+@pytest.mark.parametrize("where", ["got", "want", "both"])
+@pytest.mark.parametrize("value", [NAN, INF])
+def test_the_emulated_collectives_comparison_fails_on_nan_or_inf(where, value):
+    """tests/programs/test_collectives_emulated.py compares with its own helper (numpy results from
+    the ranks); the worst over ranks is a max(), which skips a NaN that is not first."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "programs"))
+    from test_collectives_emulated import _worst_error
+    got, want = torch.ones(8), torch.ones(8, dtype=torch.float64)
+    for tensor in {"got": [got], "want": [want], "both": [got, want]}[where]:
+        tensor[5] = value
+    errors = [_worst_error(torch.ones(8).numpy(), torch.ones(8, dtype=torch.float64)),
+              _worst_error(got.numpy(), want)]
+    assert max(errors) == INF
