@@ -95,10 +95,10 @@ class Checks:
 
 # ---- comparing ------------------------------------------------------------------------------------
 
-def mismatch(got: torch.Tensor, want: torch.Tensor, tol: float) -> str | None:
-    """Why `got` is not `want`, or None: each element must be within tol x (|expected| + the largest
-    |expected|). NaN or Inf anywhere, in either, is a mismatch: outputs start poisoned with NaN, and an
-    expected value that is not finite would let any error through (the scale becomes Inf)."""
+def mismatch(got: torch.Tensor, want: torch.Tensor, tol: float, atol: float | None = None) -> str | None:
+    """Why `got` is not `want`, or None: each element must be within tol x |expected| + atol, where atol
+    is by default tol x the largest |expected|. NaN or Inf anywhere, in either, is a mismatch: outputs
+    start poisoned with NaN, and an expected value that is not finite would let any error through."""
     if got.shape != want.shape:
         return f"shape {list(got.shape)}, expected {list(want.shape)}"
     if not got.numel():
@@ -114,12 +114,12 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, tol: float) -> str | None:
         return f"{int(bad_want)} of {want.numel()} expected values are NaN or Inf"
     if bad_got:
         return f"{int(bad_got)} of {got.numel()} elements are NaN or Inf (NaN: never written)"
-    allowed = tol * (scale or 1.0)
+    allowed = tol * (scale or 1.0) if atol is None else atol
     if worst_excess <= allowed:
         return None
     worst = int(excess.argmax())
-    return (f"{int((excess > allowed).sum())} of {got.numel()} elements differ beyond tolerance {tol} "
-            f"(scale {scale:.3g}); worst at flat index {worst}: got {got.flatten()[worst].item():.6g}, "
+    return (f"{int((excess > allowed).sum())} of {got.numel()} elements differ by more than {tol} x |expected| "
+            f"+ {allowed:.3g}; worst at flat index {worst}: got {got.flatten()[worst].item():.6g}, "
             f"expected {want.flatten()[worst].item():.6g}")
 
 
@@ -181,11 +181,11 @@ def back_to_back(call, check, make_case: Callable[[], Case], calls: int) -> None
     cases = [first] + [make_case() for _ in range(set_count(_allocated() - before) - 1)]
     round_, done = [first], 0
     while True:
-        for case in round_:
-            case.load()
-            call(*case.args, check=not done)
         problem = None
         try:
+            for case in round_:
+                case.load()
+                call(*case.args, check=not done)
             check()
             for case in round_:
                 case.verify()

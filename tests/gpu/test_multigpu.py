@@ -51,7 +51,7 @@ def _harness_rank(rank, world, port, only, results):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       CHECKS_ONLY=only)
     sys.path.insert(0, str(HERE))
-    from harness import Checks, start
+    from harness import Case, Checks, back_to_back, close, start
 
     start(0, backend="gloo")
     checks = Checks()
@@ -60,7 +60,21 @@ def _harness_rank(rank, world, port, only, results):
     def fails_on_rank_1():
         assert dist.get_rank() != 1, "rank 1 disagrees"
     failed = checks.record("fails on one rank", fails_on_rank_1)
-    results.put((rank, passed, failed, checks.finish(None)))
+
+    def make_case():
+        X, Y = torch.empty(8), torch.empty(8)
+        return Case((X, Y), lambda: (X.normal_(), Y.fill_(float("nan"))), lambda: close(Y, X))
+    calls = []
+
+    def copy_wrong_on_rank_1_from_call_5(X, Y, check):
+        calls.append(check)
+        if rank == 1 and len(calls) > 5:
+            raise RuntimeError("rank 1 gave up")
+        Y.copy_(X)
+    # rank 0 passes every call of the round rank 1 fails in: both stop there, neither waits on the other
+    stopped = checks.record("calls back to back, one rank stops", lambda: back_to_back(
+        copy_wrong_on_rank_1_from_call_5, lambda: None, make_case, calls=100))
+    results.put((rank, passed, failed, stopped, len(calls), checks.finish(None)))
 
 
 def _run_harness(only: str):
@@ -77,15 +91,16 @@ def _run_harness(only: str):
 
 
 def test_a_check_failing_on_one_rank_fails_for_all(capfd):
-    assert _run_harness("") == [(0, True, False, 1), (1, True, False, 1)]
+    assert _run_harness("") == [(0, True, False, False, 11, 1), (1, True, False, False, 6, 1)]
     out = capfd.readouterr().out
     assert "PASS passes everywhere" in out and "FAIL fails on one rank -- AssertionError: rank 1 disagrees" in out
-    assert summary(out) == (2, 1)
+    assert "FAIL calls back to back, one rank stops -- AssertionError: another rank's output differed" in out
+    assert summary(out) == (3, 2)
 
 
 def test_a_run_that_checks_nothing_fails(capfd):
     """A CHECKS_ONLY left in the environment that matches no check must not read as a clean run."""
-    assert _run_harness("no such check") == [(0, True, True, 1), (1, True, True, 1)]
+    assert _run_harness("no such check") == [(0, True, True, True, 0, 1), (1, True, True, True, 0, 1)]
     out = capfd.readouterr().out
-    assert "FAIL no check ran" in out and "skipped 2 checks" in out
+    assert "FAIL no check ran" in out and "skipped 3 checks" in out
     assert summary(out) == (0, 1)
