@@ -34,10 +34,11 @@ def main() -> int:
                 row["cublas"] = time_ms(lambda: torch.matmul(A, B, out=C))
                 for name, program in programs.items():
                     key = "tiledsl" if name == "default" else f"tiledsl_{name}"
-                    row[key] = time_checked(verdicts, f"gemm {op} {model} W{world} {name}", program_call(program, A, B, C),
-                                            program.check, C, want)
+                    row[key] = time_checked(verdicts, f"gemm {op} {model} W{world} {name}",
+                                            program_call(program, A, B, C), program.check, C, want)
                     row[f"error_{name}"] = ((C.float() - want.float()).norm() / want.float().norm()).item()
-                tuned = [(row[f"tiledsl_bk{bk}"], f"bk{bk}") for bk in (64, 128) if math.isfinite(row[f"tiledsl_bk{bk}"])]
+                tuned = [(row[f"tiledsl_bk{bk}"], f"bk{bk}") for bk in (64, 128)
+                         if math.isfinite(row[f"tiledsl_bk{bk}"])]
                 row["best"], row["best_variant"] = min(tuned) if tuned else (NAN, None)
                 row["fraction_of_cublas"] = row["cublas"] / row["tiledsl"]
                 row["best_fraction_of_cublas"] = row["cublas"] / row["best"]

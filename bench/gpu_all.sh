@@ -68,5 +68,7 @@ echo "== summary"
 printf '%s' "$failures"
 printf '%-28s %5s %5s %5s %5s\n' stage exit PASS FAIL s
 printf '%s\n' "${rows[@]}"
-echo "$([ "$status" -eq 0 ] && echo ok || echo FAILED): $(printf '%s' "$failures" | grep -c '^') FAIL lines, $(printf '%s\n' "${rows[@]}" | awk '$2 != 0' | wc -l) stages exited non-zero"
+fail_lines=$(printf '%s' "$failures" | grep -c '^')
+nonzero=$(printf '%s\n' "${rows[@]}" | awk '$2 != 0' | wc -l)
+echo "$([ "$status" -eq 0 ] && echo ok || echo FAILED): $fail_lines FAIL lines, $nonzero stages exited non-zero"
 exit $status

@@ -73,7 +73,8 @@ def collectives_tables(data):
     best = "best" in rows[0]
     lines = ["| AllReduce bytes | tiledsl auto (AllReduce's choice) | one-shot | two-shot | NCCL | symm_mem one-shot "
              "| symm_mem two-shot |" + (" best variant |" if best else "")
-             + (" push two-shot (earlier program) |" if push else "") + (" one call alone: auto / NCCL |" if alone else ""),
+             + (" push two-shot (earlier program) |" if push else "")
+             + (" one call alone: auto / NCCL |" if alone else ""),
              "|---|---|---|---|---|---|---|" + ("---|" if best else "") + ("---|" if push else "")
              + ("---|" if alone else "")]
     for r in (r for r in rows if r["op"] == "allreduce"):
@@ -97,10 +98,12 @@ def collectives_tables(data):
                   "|---|---|---|---|" + ("---|" if best else "") + ("---|" if pushed else "")
                   + ("---|" if "alone_tiledsl" in gemm[0] else "")]
         for r in gemm:
-            lines.append(f"| {r['M']} | {r['tiledsl']:.3f} | {r['sequential']:.3f} | {ratio(r['sequential'], r['tiledsl'])} |"
+            lines.append(f"| {r['M']} | {ms(r['tiledsl'])} | {r['sequential']:.3f} | "
+                         f"{ratio(r['sequential'], r['tiledsl'])} |"
                          + (f" {best_cell(r)} |" if best else "")
-                         + (f" {r['tiledsl_push']:.3f} |" if pushed else "")
-                         + (f" {r['alone_tiledsl']:.3f} / {r['alone_sequential']:.3f} |" if "alone_tiledsl" in r else ""))
+                         + (f" {ms(r['tiledsl_push'])} |" if pushed else "")
+                         + (f" {ms(r['alone_tiledsl'])} / {r['alone_sequential']:.3f} |"
+                            if "alone_tiledsl" in r else ""))
     return "\n".join(lines)
 
 
