@@ -28,6 +28,8 @@ def test_tolerance_is_relative_to_the_largest_expected_value():
     assert mismatch(want + torch.tensor([0.0, 1.0, 0.0]), want, 1e-2) is None  # 1.0 <= 0.01 x (1 + 100)
     reason = mismatch(want + torch.tensor([0.0, 1.1, 0.0]), want, 1e-2)
     assert reason and "1 of 3 elements" in reason and "flat index 1" in reason
+    assert mismatch(want + torch.tensor([0.0, 1.1, 0.0]), want, 1e-2, atol=1.2) is None  # atol given
+    assert mismatch(want + torch.tensor([0.0, 1.1, 0.0]), want, 1e-2, atol=1.0) is not None
     assert mismatch(torch.zeros(4), torch.zeros(4), 0.0) is None
     assert mismatch(torch.ones(4, dtype=torch.bfloat16), torch.ones(4), 0.0) is None
     assert "shape" in mismatch(torch.ones(4), torch.ones(5), 1.0)
