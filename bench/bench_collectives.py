@@ -6,7 +6,9 @@ slowest rank's median is reported. Timing is back to back (20 calls between two 
 median over windows), as a loop runs them; `alone_` columns time one call at a time, synchronised
 in between, so that the host's launch cost shows. The one-shot/two-shot crossover printed last is what
 tiledsl.collectives.DEFAULT_THRESHOLD_BYTES should be set from (one-shot and two-shot run with the
-launch options tiledsl.collectives.ALGORITHM_OPTIONS gives them)."""
+launch options tiledsl.collectives.ALGORITHM_OPTIONS gives them). Every tiledsl output is checked
+against NCCL's before it is timed: a wrong one is a FAIL line, left out, and the exit code is 1."""
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save, slowest, time_loop_ms, time_ms, time_program  # noqa: E402
+from common import NAN, Verdicts, program_call, save, slowest, time_checked, time_loop_ms, time_ms  # noqa: E402
 
 import tiledsl  # noqa: E402
 from tiledsl.collectives import AllReduce  # noqa: E402
@@ -33,7 +35,6 @@ LATENCY_BYTES = [8 << 10 << n for n in range(8)]       # 8 KB .. 1 MB
 BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
 GEMM_M = (1, 8, 32, 64, 128)
 GEMM_NK = 8192
-NAN = float("nan")
 
 
 _reported = set()
@@ -58,29 +59,36 @@ def symm_mem_input(numel, group):
     return x
 
 
-def allreduce_row(allreduce, experiments, numel, world, group, reps):
+def allreduce_row(allreduce, experiments, numel, world, group, reps, verdicts):
     """Each column: calls back to back (steady state, `time_loop_ms`); `alone_*`: one call at a time,
     synchronised between calls, so the host's launch cost shows. Random data, put back (untimed) before
-    every window: each call sums in place, so it starts small (and normal in bf16) to stay finite."""
+    every window: each call sums in place, so it starts small (and normal in bf16) to stay finite.
+    Every tiledsl column is timed only once one call on that data gave NCCL's float32 sum."""
     windows = 10 if reps >= 30 else 5
     fresh = torch.randn(numel, device="cuda", dtype=torch.bfloat16) * 2.0 ** -100
     x = torch.empty_like(fresh)
     refill = lambda: x.copy_(fresh)  # noqa: E731
-    row = {"op": "allreduce", "world": world, "bytes": numel * x.element_size(), "auto_algorithm": allreduce.choose(x)}
+    want = fresh.float()
+    dist.all_reduce(want)
+    nbytes = numel * x.element_size()
+    row = {"op": "allreduce", "world": world, "bytes": nbytes, "auto_algorithm": allreduce.choose(x)}
+    loop = dict(before=refill, recheck=False, timer=time_loop_ms, windows=windows)
     for algorithm in ("one_shot", "two_shot", None):
-        refill()
-        allreduce(x, algorithm=algorithm)  # checked call: compiles and proves the schedule before timing
-        call = lambda algorithm=algorithm: allreduce(x, algorithm=algorithm, check=False)  # noqa: E731
-        row[algorithm or "auto"] = slowest(time_loop_ms(call, windows=windows, before=refill))
+        def call(check, algorithm=algorithm):
+            allreduce(x, algorithm=algorithm, check=check)
+        key = algorithm or "auto"  # auto: what a caller gets, AllReduce's own choice
+        row[key] = time_checked(verdicts, f"allreduce {nbytes} B {key}", call, allreduce.check, x, want, **loop)
         if algorithm is None:
-            row["alone_auto"] = slowest(time_ms(call, reps=reps, before=refill))
-        allreduce.check()
+            row["alone_auto"] = NAN if math.isnan(row[key]) else slowest(
+                time_ms(lambda: call(False), reps=reps, before=refill))
+            allreduce.check()
     for key, program in experiments.items():
-        if numel * x.element_size() > EXPERIMENT_MAX_BYTES.get(key, float("inf")):
+        if nbytes > EXPERIMENT_MAX_BYTES.get(key, float("inf")):
             row[key] = NAN
             continue
-        refill()
-        row[key] = time_program(program, x, timer=time_loop_ms, windows=windows, before=refill)
+        row[key] = time_checked(verdicts, f"allreduce {nbytes} B {key}", program_call(program, x), program.check,
+                                x, want, **loop)
+    row["best"], row["best_variant"] = best(row, ("one_shot", "two_shot", *experiments))
     row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(x), windows=windows, before=refill))
     row["alone_nccl"] = slowest(time_ms(lambda: dist.all_reduce(x), reps=reps, before=refill))
     symm = optional("symm_mem.empty + rendezvous", lambda: symm_mem_input(numel, group))
@@ -91,6 +99,12 @@ def allreduce_row(allreduce, experiments, numel, world, group, reps):
             key, lambda op=op: time_loop_ms(op, windows=windows, before=lambda: symm.copy_(fresh)))
         row[key] = slowest(mine)
     return row
+
+
+def best(row, names):
+    """The fastest of `names` that ran and was right: (time, name), or (NaN, None)."""
+    timed = [(row[name], name) for name in names if math.isfinite(row[name])]
+    return min(timed) if timed else (NAN, None)
 
 
 def crossover(rows) -> int | None:
@@ -104,18 +118,27 @@ def crossover(rows) -> int | None:
     return found
 
 
-def gemm_ar_row(program, variants, M, world):
+def gemm_ar_row(program, variants, M, world, verdicts):
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     A = torch.randn(M, GEMM_NK // world, **bf16)
     B = torch.randn(GEMM_NK // world, GEMM_NK, **bf16)
     C = torch.empty(M, GEMM_NK, **bf16)
+    product = A @ B  # what NCCL alone sums, put back before each window (each call doubles it)
+    want = A.float() @ B.float()
+    dist.all_reduce(want)
     row = {"op": "gemm_ar", "world": world, "M": M, "N": GEMM_NK, "K": GEMM_NK}
-    row["tiledsl"] = time_program(program, A, B, C, timer=time_loop_ms)
-    row["alone_tiledsl"] = time_program(program, A, B, C)
+    tag = f"gemm_ar M={M}"
+    row["tiledsl"] = time_checked(verdicts, f"{tag} gemm_ar", program_call(program, A, B, C), program.check, C, want,
+                                  timer=time_loop_ms)
+    row["alone_tiledsl"] = time_checked(verdicts, f"{tag} gemm_ar one call alone", program_call(program, A, B, C),
+                                        program.check, C, want)
     for key, variant in variants.items():
-        row[f"tiledsl_{key}"] = time_program(variant, A, B, C, timer=time_loop_ms)
+        row[f"tiledsl_{key}"] = time_checked(verdicts, f"{tag} {key}", program_call(variant, A, B, C), variant.check,
+                                             C, want, timer=time_loop_ms)
+    row["best"], best_key = best(row, ("tiledsl", *(f"tiledsl_{key}" for key in variants)))
+    row["best_variant"] = best_key and ("gemm_ar" if best_key == "tiledsl" else best_key.removeprefix("tiledsl_"))
     row["gemm"] = slowest(time_loop_ms(lambda: torch.matmul(A, B, out=C)))
-    row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(C)))
+    row["nccl"] = slowest(time_loop_ms(lambda: dist.all_reduce(C), before=lambda: C.copy_(product)))
 
     def sequential():
         torch.matmul(A, B, out=C)
@@ -132,6 +155,7 @@ def main() -> int:
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.manual_seed(rank)  # every rank its own data: a sum of equal copies hides a rank read twice
     heap = open_heap()
     group = dist.group.WORLD.group_name
     try:
@@ -139,6 +163,7 @@ def main() -> int:
         enable_symm_mem_for_group(group)
     except Exception:  # noqa: BLE001 - older torch: the symm_mem baselines report themselves unavailable
         pass
+    verdicts = Verdicts()
     allreduce = AllReduce(heap)
     experiments = {key: tiledsl.compile(path, heap) for key, path in EXPERIMENTS.items()}
     # the entry folded into the kernel (the default where no input is staged) against a separate entry
@@ -155,7 +180,7 @@ def main() -> int:
               flush=True)
     for nbytes in sorted(set(LATENCY_BYTES + BANDWIDTH_BYTES)):
         numel = nbytes // 2
-        row = allreduce_row(allreduce, experiments, numel, world, group, reps=30 if nbytes <= 16 << 20 else 10)
+        row = allreduce_row(allreduce, experiments, numel, world, group, 30 if nbytes <= 16 << 20 else 10, verdicts)
         factor = 2 * (world - 1) / world * nbytes / 1e6  # bytes per ms -> GB/s
         row["busbw"] = {k: factor / row[k] for k in ("one_shot", "two_shot", "auto", *experiments, "nccl",
                                                       "symm_mem_one_shot", "symm_mem_two_shot")}
@@ -165,15 +190,16 @@ def main() -> int:
             cells = ", ".join(f"{k} {row[k]:.4f}" + (f" ({row['busbw'][k]:.0f} GB/s)" if kind == "busbw" else "")
                               for k in ("one_shot", "two_shot", "auto", *experiments, "nccl", "symm_mem_one_shot",
                                         "symm_mem_two_shot"))
-            print(f"allreduce {nbytes:>10} B [{row['auto_algorithm']}]: {cells} ms; one call alone: "
-                  f"auto {row['alone_auto']:.4f}, nccl {row['alone_nccl']:.4f}", flush=True)
+            print(f"allreduce {nbytes:>10} B [{row['auto_algorithm']}]: {cells} ms; best variant "
+                  f"{row['best_variant']}; one call alone: auto {row['alone_auto']:.4f}, nccl {row['alone_nccl']:.4f}",
+                  flush=True)
     threshold = crossover(rows)
     gemm_ar = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap)
     # the earlier push program, and the entry kernel instead of the folded entry
     gemm_ar_variants = {"push": tiledsl.compile(GEMM_AR_PUSH, heap),
                         "entry_kernel": tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, fold_entry=False)}
     for M in GEMM_M:
-        row = gemm_ar_row(gemm_ar, gemm_ar_variants, M, world)
+        row = gemm_ar_row(gemm_ar, gemm_ar_variants, M, world, verdicts)
         rows.append(row)
         if rank == 0:
             print(f"gemm_ar M={M:<4} N=K={GEMM_NK} world {world}: tiledsl {row['tiledsl']:.4f} ms (push {row['tiledsl_push']:.4f}, "
@@ -185,11 +211,12 @@ def main() -> int:
               f"{allreduce.threshold_bytes})", flush=True)
         save(f"collectives_world{world}", {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                            "threshold_bytes": allreduce.threshold_bytes, "crossover_bytes": threshold,
-                                           "rows": rows})
+                                           "wrong": verdicts.wrong, "rows": rows})
+    code = verdicts.exit_code()
     dist.barrier()
     heap.close()
     dist.destroy_process_group()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

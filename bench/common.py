@@ -1,10 +1,16 @@
-"""Timing helpers shared by the benchmarks: CUDA events, medians, results written as JSON."""
+"""Timing helpers shared by the benchmarks: CUDA events, medians, outputs checked against torch before
+anything is timed, results written as JSON."""
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+from harness import mismatch  # noqa: E402  (the comparison the GPU checks use: NaN or Inf is never right)
 
 SHAPES = {  # model: (N, K) of its MLP projection, as in Triton-distributed's and torch's async-TP benchmarks
     "LLaMA-7B": (11008, 4096),
@@ -14,6 +20,7 @@ SHAPES = {  # model: (N, K) of its MLP projection, as in Triton-distributed's an
     "LLaMA-3-405B": (53248, 16384),
 }
 M = 8192
+NAN = float("nan")
 
 
 def time_ms(fn, warmup: int = 5, reps: int = 30, before=None) -> float:
@@ -59,19 +66,67 @@ def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before
 
 def slowest(value: float) -> float:
     """The largest of every rank's `value` (under torchrun): a collective is as slow as its slowest rank."""
-    import torch.distributed as dist
+    if not dist.is_initialized():
+        return value
     t = torch.tensor([value], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
-def time_program(program, *args, timer=time_ms, **timing) -> float:
-    """A compiled tiledsl program: one checked call (it compiles, and proves the schedule, before any
-    timing), `timer` over calls that skip the check, then the check; the slowest rank's figure."""
-    program(*args)
-    ms = slowest(timer(lambda: program(*args, check=False), **timing))
-    program.check()
+def rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+class Verdicts:
+    """Outputs checked against torch. A wrong one is a FAIL line (rank 0), its time is left out (NaN) and
+    the script's exit code becomes 1. Under torchrun every rank reaches the same verdict, so a variant
+    wrong on one rank is skipped on all, and no rank is left waiting in a collective the others skip."""
+
+    def __init__(self):
+        self.checked = 0
+        self.wrong: list[str] = []
+
+    def ok(self, name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 2e-2) -> bool:
+        self.checked += 1
+        reasons = [mismatch(got, want, tol)]
+        if dist.is_initialized():
+            mine, reasons = reasons[0], [None] * dist.get_world_size()
+            dist.all_gather_object(reasons, mine)
+        bad = [f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason]
+        if bad:
+            self.wrong.append(name)
+            if rank0():
+                print(f"FAIL {name} -- {'; '.join(bad)}", flush=True)
+        return not bad
+
+    def exit_code(self) -> int:
+        """1 if any output was wrong, or if nothing was checked (nothing then was shown to be right)."""
+        if rank0():
+            print(f"{self.checked} outputs checked against torch, {len(self.wrong)} wrong"
+                  + (": " + ", ".join(self.wrong) if self.wrong else ""), flush=True)
+        return 1 if self.wrong or not self.checked else 0
+
+
+def time_checked(verdicts: Verdicts, name: str, call, check, out: torch.Tensor, want: torch.Tensor,
+                 before=None, recheck: bool = True, timer=time_ms, tol: float = 2e-2, **timing) -> float:
+    """The slowest rank's time of `call(check=False)`, or NaN if its output is wrong. First `before()`
+    (default: NaN into `out`) and one checked call (it compiles and proves the schedule), whose `out`
+    must match `want`; then `timer`, with `before` ahead of each timing; then `check()` and, with
+    `recheck` (inputs the timed calls leave unchanged), `out` once more: the last timed call's."""
+    (before or (lambda: out.fill_(NAN)))()
+    call(check=True)
+    if not verdicts.ok(name, out, want, tol):
+        return NAN
+    ms = slowest(timer(lambda: call(check=False), before=before, **timing))
+    check()
+    if recheck and not verdicts.ok(f"{name}, after timing", out, want, tol):
+        return NAN
     return ms
+
+
+def program_call(program, *args):
+    """`call(check=...)` for `time_checked`: a compiled program on fixed arguments."""
+    return lambda check: program(*args, check=check)
 
 
 def out_dir() -> Path:

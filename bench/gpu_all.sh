@@ -6,6 +6,8 @@
 # they are also packed into one file after every stage (the device returns at most 8 files, and a
 # command stopped at its time limit still returns what was packed). WORLDS=4 picks the worlds run
 # (default: 4 and 2 on four or more GPUs, else all of them); COLLECTIVE_WORLDS likewise for collectives.
+# The exit status is 0 only if every stage exited 0 and no log of this run holds a FAIL line; every
+# FAIL line is printed, under its stage and again in the summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=${*:-checks gemm overlap collectives}
@@ -14,17 +16,32 @@ export OUT=${OUT:-$PWD/bench/results}
 mkdir -p "$OUT"
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "gpus: $gpus; $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
+[ -n "${CHECKS_ONLY:-}" ] && echo "CHECKS_ONLY=$CHECKS_ONLY: the checks run only what matches it"
 worlds="$gpus"; [ "$gpus" -ge 4 ] && worlds="$gpus 2"
 worlds=${WORLDS:-$worlds}
 status=0
+rows=()      # the summary table, one row a stage
+failures=""  # every FAIL line of this run, prefixed with its stage
 run() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
+  local log="$OUT/$name.log" began=$SECONDS
   echo "== $name"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" > "$log" 2>&1
   local rc=$?
-  grep -E "^(PASS|FAIL)|failed$|^[a-z_]+ +[A-Za-z]|rank [0-9]|^ +rank|: host|ms" "$OUT/$name.log" | grep -v -E "^PASS|Warning|warn" | tail -40
-  [ "$rc" -ne 0 ] && { echo "!! $name exited $rc"; tail -5 "$OUT/$name.log"; status=1; }
-  return 0
+  local passes fails
+  passes=$(grep -c '^PASS' "$log")
+  fails=$(grep -c '^FAIL' "$log")
+  # FAIL lines first and whole; then, from the rest, figures and summaries worth a glance
+  grep '^FAIL' "$log"
+  grep -v -E '^(PASS|FAIL)' "$log" | grep -E "failed$|^[a-z_]+ +[A-Za-z]|rank [0-9]|^ +rank|: host|ms" \
+    | grep -v -E "Warning|warn" | tail -40
+  [ "$fails" -ne 0 ] && failures+=$(grep '^FAIL' "$log" | sed "s/^/$name: /")$'\n'
+  if [ "$rc" -ne 0 ]; then
+    echo "!! $name exited $rc$([ "$rc" -eq 124 ] && echo " (stopped at its ${limit} s limit)")"
+    tail -5 "$log"
+  fi
+  if [ "$rc" -ne 0 ] || [ "$fails" -ne 0 ]; then status=1; fi
+  rows+=("$(printf '%-28s %5s %5s %5s %5s' "$name" "$rc" "$passes" "$fails" "$((SECONDS - began))")")
 }
 for stage in $stages; do
   case $stage in
@@ -35,18 +52,23 @@ for stage in $stages; do
     overlap)
       for w in $worlds; do run "overlap_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_overlap.py; done ;;
     collectives)
-      if [ -f tests/gpu/collectives_checks.py ]; then
-        for w in ${COLLECTIVE_WORLDS:-$worlds}; do run "collectives_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/collectives_checks.py; done
-      fi
-      if [ -f bench/bench_collectives.py ]; then
-        for w in ${COLLECTIVE_WORLDS:-$worlds}; do run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py; done
-      fi ;;
+      for w in ${COLLECTIVE_WORLDS:-$worlds}; do
+        run "collectives_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/collectives_checks.py
+      done
+      for w in ${COLLECTIVE_WORLDS:-$worlds}; do
+        run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
+      done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     variants) run gemm_variants 200 python3 bench/experiments/gemm_variants.py ;;
-    *) echo "unknown stage $stage"; status=1 ;;
+    *) echo "unknown stage $stage"; status=1; rows+=("$(printf '%-28s %5s' "$stage" "?")") ;;
   esac
   [ -n "${PACK:-}" ] && tar czf "$PACK" -C "$OUT" .
 done
 echo "== summary"
-echo "$(cat "$OUT"/*.log 2>/dev/null | grep -c '^PASS') PASS, $(cat "$OUT"/*.log 2>/dev/null | grep -c '^FAIL') FAIL"
+printf '%s' "$failures"
+printf '%-28s %5s %5s %5s %5s\n' stage exit PASS FAIL s
+printf '%s\n' "${rows[@]}"
+fail_lines=$(printf '%s' "$failures" | grep -c '^')
+nonzero=$(printf '%s\n' "${rows[@]}" | awk '$2 != 0' | wc -l)
+echo "$([ "$status" -eq 0 ] && echo ok || echo FAILED): $fail_lines FAIL lines, $nonzero stages exited non-zero"
 exit $status

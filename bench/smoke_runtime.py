@@ -146,20 +146,22 @@ def nvshmem_put_signal(heap) -> str | None:
     return None
 
 
-def report(name: str, failure: str | None) -> None:
+def report(name: str, failure: str | None) -> bool:
+    """Print one PASS/FAIL line on rank 0; whether every rank passed (the same answer on all ranks)."""
     failures = [None] * dist.get_world_size()
     dist.all_gather_object(failures, failure)
+    bad = [f"rank {r}: {f}" for r, f in enumerate(failures) if f]
     if dist.get_rank() == 0:
-        bad = [f"rank {r}: {f}" for r, f in enumerate(failures) if f]
         print(f"FAIL {name}: {'; '.join(bad)}" if bad else f"PASS {name}", flush=True)
+    return not bad
 
 
-def run(name: str, test, heap) -> None:
+def run(name: str, test, heap) -> bool:
     try:
         failure = test(heap)
     except Exception as error:  # noqa: BLE001  (a broken path is a FAIL line, and the other paths still run)
         failure = f"{type(error).__name__}: {error}"
-    report(name, failure)
+    return report(name, failure)
 
 
 def start_watchdog(rank: int) -> threading.Timer:
@@ -173,7 +175,8 @@ def start_watchdog(rank: int) -> threading.Timer:
     return watchdog
 
 
-def main() -> None:
+def main() -> int:
+    """The exit code: 1 if any path failed on any rank."""
     disable_multicast()  # before NCCL initialises: it reads NCCL_NVLS_ENABLE once
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
@@ -182,16 +185,16 @@ def main() -> None:
     heap = TorchSymmHeap() if "--torch-symm" in sys.argv else open_heap()
     if heap.rank == 0:
         print(f"heap {type(heap).__name__}, world {heap.world}", flush=True)
-    run("peer_stores", peer_stores, heap)
-    run("copy_engine_signals", copy_engine_signals, heap)
+    passed = [run("peer_stores", peer_stores, heap), run("copy_engine_signals", copy_engine_signals, heap)]
     if isinstance(heap, NvshmemHeap):
-        run("nvshmem_put_signal", nvshmem_put_signal, heap)
+        passed.append(run("nvshmem_put_signal", nvshmem_put_signal, heap))
     elif heap.rank == 0:
         print(f"SKIP nvshmem_put_signal: the heap is {type(heap).__name__}, not NVSHMEM", flush=True)
     heap.close()
     dist.destroy_process_group()
     watchdog.cancel()
+    return 0 if all(passed) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,12 +1,18 @@
 """Which persistent-GEMM structure reaches cuBLAS on H200 with stock Triton: pointer vs TMA epilogue,
 flattened (prefetch across tiles) or not, with and without a per-tile signal wait. One GPU; prints a
-table. Results decided the shape of the generated matmul tile (see bench/NOTES.md)."""
+table. Results decided the shape of the generated matmul tile (see bench/NOTES.md). Each variant's
+output is checked against cuBLAS's before it is timed; a wrong or failing variant is a FAIL line and
+makes the exit code 1."""
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
+from harness import mismatch  # noqa: E402
 
 
 @triton.jit(noinline=True)
@@ -62,7 +68,7 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def main():
+def main() -> int:
     shapes = [(8192, 1024, 11008), (8192, 4096, 2752), (8192, 8192, 7168), (8192, 2048, 28672), (8192, 16384, 13312)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     variants = {  # name: (tma_store, flatten, wait, ordered, stages)
@@ -74,6 +80,7 @@ def main():
         "tma+flatten+wait+group": (True, True, True, True, 3),
         "tma+wait+group": (True, False, True, True, 3),
     }
+    failures = []
     print("shape".ljust(22) + "cuBLAS".rjust(8) + "".join(n.rjust(24) for n in variants))
     for M, K, N in shapes:
         A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -97,14 +104,19 @@ def main():
                                       NUM_PROGRAMS=programs, num_warps=8, num_stages=stages)
                 C.fill_(float("nan"))
                 run()
-                assert torch.allclose(C.float(), ref.float(), rtol=2e-2, atol=1.0), "wrong result"
+                wrong = mismatch(C, ref, 2e-2, atol=1.0)
+                if wrong:
+                    raise AssertionError(wrong)
                 t = bench(run)
                 line += f"{t:10.3f} ({100 * cublas / t:3.0f}%)".rjust(24)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:  # noqa: BLE001 - one broken variant leaves the others' figures
                 line += f"{type(error).__name__[:20]}".rjust(24)
-                print(name, error, file=sys.stderr)
+                failures.append(f"FAIL {name} {M}x{K}x{N} -- {type(error).__name__}: {str(error)[:300]}")
         print(line, flush=True)
+    for failure in failures:
+        print(failure, flush=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,11 +1,27 @@
-"""What every multi-GPU check script shares: starting a rank under torchrun with its symmetric heap,
-and recording checks so that every rank runs every check and rank 0 prints one PASS/FAIL line each."""
+"""What every multi-GPU check script shares: starting a rank under torchrun with its symmetric heap;
+recording checks so that every rank runs every check and rank 0 prints one PASS/FAIL line each; the
+comparison every check uses; and many calls back to back, each on fresh inputs, each output checked."""
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from tiledsl.runtime.heap import disable_multicast, open_heap
+
+# The tensor sets of one repeated-call check take at most about this much memory together: two sets
+# at 256 MB messages, up to MAX_SETS for small ones.
+SETS_BYTES = 2 << 30
+# Calls back to back between two verifications, at most.
+MAX_SETS = 10
+# Where the checks' tensors live. CPU tests set "cpu" to run the checks' own logic (references, shapes,
+# comparisons, the calls back to back) on gloo ranks with stand-ins for the programs.
+DEVICE = "cuda"
+
+
+def empty(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.empty(*shape, device=DEVICE, dtype=dtype)
 
 
 def start(seed: int, backend: str = "nccl"):
@@ -22,18 +38,29 @@ def start(seed: int, backend: str = "nccl"):
     return rank, world, heap
 
 
+def summary_line(ran: int, failed: int) -> str:
+    """The last line a check script prints; test_multigpu.py parses it."""
+    return f"{ran} run, {failed} failed"
+
+
 class Checks:
     """Each check runs on every rank; it passes only if it passed everywhere, and a failure on one rank
     is printed with its message, never hidden by the others' success."""
 
     def __init__(self):
         self.failures = 0
+        self.ran = 0
+        self.skipped = 0
+        # CHECKS_ONLY=TEXT runs only the checks whose name contains TEXT (to try one new program first,
+        # under a short time limit)
+        self.only = os.environ.get("CHECKS_ONLY", "")
 
     def record(self, name: str, check) -> bool:
-        """Run one check on every rank and print one PASS/FAIL line. CHECKS_ONLY=TEXT runs only the
-        checks whose name contains TEXT (to try one new program first, under a short time limit)."""
-        if os.environ.get("CHECKS_ONLY", "") not in name:
+        """Run one check on every rank and print one PASS/FAIL line."""
+        if self.only not in name:
+            self.skipped += 1
             return True
+        self.ran += 1
         try:
             check()
             mine = (True, "")
@@ -49,11 +76,126 @@ class Checks:
         return ok
 
     def finish(self, heap) -> int:
-        """Close the heap and the group; the exit code of the script."""
+        """Close the heap and the group; the exit code of the script. A run that checked nothing failed:
+        a CHECKS_ONLY left in the environment must not pass for a clean run."""
         dist.barrier()
+        if not self.ran:
+            self.failures += 1
         if dist.get_rank() == 0:
-            print(f"{self.failures} failed", flush=True)
+            if self.skipped:
+                print(f"skipped {self.skipped} checks whose name lacks CHECKS_ONLY={self.only!r}", flush=True)
+            if not self.ran:
+                print(f"FAIL no check ran (CHECKS_ONLY={self.only!r} matched none of {self.skipped})", flush=True)
+            print(summary_line(self.ran, self.failures), flush=True)
         if heap is not None:
             heap.close()
         dist.destroy_process_group()
         return 1 if self.failures else 0
+
+
+# ---- comparing ------------------------------------------------------------------------------------
+
+def mismatch(got: torch.Tensor, want: torch.Tensor, tol: float, atol: float | None = None) -> str | None:
+    """Why `got` is not `want`, or None: each element must be within tol x |expected| + atol, where atol
+    is by default tol x the largest |expected|. NaN or Inf anywhere, in either, is a mismatch: outputs
+    start poisoned with NaN, and an expected value that is not finite would let any error through."""
+    if got.shape != want.shape:
+        return f"shape {list(got.shape)}, expected {list(want.shape)}"
+    if not got.numel():
+        return None
+    got, want = got.float(), want.float()
+    # in place where it can be: at 256 MB messages every temporary is 512 MB of float32
+    excess = (got - want).abs_().sub_(want.abs().mul_(tol))
+    # one synchronisation for all four figures
+    bad_got, bad_want, scale, worst_excess = torch.stack([
+        torch.isfinite(got).logical_not_().sum().double(), torch.isfinite(want).logical_not_().sum().double(),
+        want.abs().amax().double(), excess.amax().double()]).tolist()
+    if bad_want:
+        return f"{int(bad_want)} of {want.numel()} expected values are NaN or Inf"
+    if bad_got:
+        return f"{int(bad_got)} of {got.numel()} elements are NaN or Inf (NaN: never written)"
+    allowed = tol * (scale or 1.0) if atol is None else atol
+    if worst_excess <= allowed:
+        return None
+    worst = int(excess.argmax())
+    return (f"{int((excess > allowed).sum())} of {got.numel()} elements differ by more than {tol} x |expected| "
+            f"+ {allowed:.3g}; worst at flat index {worst}: got {got.flatten()[worst].item():.6g}, "
+            f"expected {want.flatten()[worst].item():.6g}")
+
+
+def close(got: torch.Tensor, want: torch.Tensor, tol: float = 2e-2) -> None:
+    """Raise AssertionError unless `got` matches `want` (see `mismatch`). bf16 products over K terms
+    round relative to the result's scale, hence the tolerance in proportion to the largest value."""
+    reason = mismatch(got, want, tol)
+    if reason:
+        raise AssertionError(reason)
+
+
+# ---- many calls back to back ----------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One set of a program's caller tensors, kept across calls (so that its prepared call and CUDA graph
+    are reused) and given new contents for every call."""
+    args: tuple                      # the caller tensors, as the call takes them
+    refresh: Callable[[], None]      # fresh random inputs, their expected outputs, NaN in the outputs
+    verify: Callable[[], None]       # raise AssertionError where an output differs from the expected
+    # stream-ordered work right before the call (copying new inputs into tensors the sets share)
+    load: Callable[[], None] = lambda: None
+
+
+def _allocated() -> int:
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
+def set_count(nbytes: int) -> int:
+    """How many tensor sets of `nbytes` each a check uses in turn: an even number, so that programs whose
+    staged inputs alternate between two heap copies by call parity keep one prepared call per set."""
+    fits = SETS_BYTES // max(nbytes, 1)
+    return max(2, min(MAX_SETS, fits)) // 2 * 2
+
+
+def _anyone(failed: bool) -> bool:
+    """Whether any rank failed: every rank leaves the loop together, instead of the others calling on
+    and timing out in the barrier of a rank that stopped."""
+    if not dist.is_initialized():
+        return failed
+    flag = torch.tensor([int(failed)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def back_to_back(call, check, make_case: Callable[[], Case], calls: int) -> None:
+    """`calls` calls of a program (`call(*args, check=...)`, then `check()` for the calls made without),
+    each on fresh random inputs, each output checked.
+
+    The first call runs alone and checked (it compiles and proves the schedule). The rest run in rounds
+    over a few tensor sets used in turn: before a round every set gets new inputs, their expected outputs
+    and NaN in its outputs; then the round's calls run back to back, nothing but a set's `load` between
+    them and no synchronisation; then every set is verified. A call thus always finds the previous
+    call's different data in the symmetric buffers (gathered rows, staged copies): a wait that lets a
+    reader through too early reads wrong values, not stale ones that happen to be right."""
+    before = _allocated()
+    first = make_case()
+    first.refresh()
+    cases = [first] + [make_case() for _ in range(set_count(_allocated() - before) - 1)]
+    round_, done = [first], 0
+    while True:
+        problem = None
+        try:
+            for case in round_:
+                case.load()
+                call(*case.args, check=not done)
+            check()
+            for case in round_:
+                case.verify()
+        except Exception as error:  # noqa: BLE001 - re-raised below, once every rank knows
+            problem = error
+        if _anyone(problem is not None):
+            raise problem or AssertionError("another rank's output differed or its call timed out")
+        done += len(round_)
+        if done >= calls:
+            return
+        round_ = cases[:min(len(cases), calls - done)]
+        for case in round_:
+            case.refresh()

@@ -1,6 +1,7 @@
-"""Multi-GPU checks, run under torchrun: every program and engine against torch.distributed on fresh
-random bf16 inputs, outputs poisoned (NaN) before every call, 100 calls back to back with no reset,
-a schedule broken on purpose, and launch-time validation. Rank 0 prints one PASS/FAIL line a check."""
+"""Multi-GPU checks, run under torchrun: every program and engine against torch.distributed, 100 calls
+back to back with no reset, each on fresh random bf16 inputs with its output poisoned (NaN) before and
+checked after; a schedule broken on purpose, and launch-time validation. Rank 0 prints one PASS/FAIL
+line a check."""
 import sys
 from pathlib import Path
 
@@ -8,153 +9,169 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Checks, start  # noqa: E402
+from harness import Case, Checks, back_to_back, close, empty, start  # noqa: E402
 
 import tiledsl
 from tiledsl.runtime.launch import LaunchError, ScheduleTimeout
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
 CALLS = 100
+ALLREDUCE_SIZES = (1000, 1 << 20, 3 * (1 << 20) + 7)
+NAN = float("nan")
+BF16 = {"dtype": torch.bfloat16}
 
 
-def close(got: torch.Tensor, want: torch.Tensor) -> None:
-    """bf16 products over K terms: compare relative to the reference's scale, and never accept NaN."""
-    assert not torch.isnan(got).any(), "output has NaN: some element was never written"
-    scale = want.float().abs().max().item()
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * scale)
+def gemm_shapes(world):
+    """(M, K, N) of the AG+GEMM checks (K times world for GEMM+RS): the second divides into no tile evenly."""
+    return [(4096, 2048, 2048), (384 * world, 1000, 1000)]
 
 
-def repeat(program, make_out, args, want):
-    """One checked call, then CALLS calls back to back (poisoned each time), then one final check."""
-    out = make_out()
-    program(*args, out, check=True)
-    close(out, want)
-    for _ in range(CALLS):
-        out.fill_(float("nan"))
-        program(*args, out, check=False)
-    program.check()
-    close(out, want)
+def collective_shapes(world):
+    """(rows, columns) of the whole tensor a ReduceScatter splits or an AllGather gathers."""
+    return [(64 * world, 1024), (1000 * world, 1000)]
 
 
-def ag_gemm_check(source, rank, world, heap, M, K, N, **consts):
+def calls_checked(program, make_case):
+    back_to_back(program, program.check, make_case, CALLS)
+
+
+def ag_gemm_case(world, M, K, N):
+    """This rank's A rows and B; the expected product of the rows gathered by NCCL with B."""
+    A, B, C = empty(M // world, K, **BF16), empty(K, N, **BF16), empty(M, N, **BF16)
+    full, want = empty(M, K, **BF16), empty(M, N, **BF16)
+
+    def refresh():
+        A.normal_()
+        B.normal_()
+        dist.all_gather_into_tensor(full, A)
+        torch.matmul(full, B, out=want)
+        C.fill_(NAN)
+    return Case((A, B, C), refresh, lambda: close(C, want))
+
+
+def ag_gemm_check(source, world, heap, M, K, N, **consts):
     def run():
         program = tiledsl.compile(source, heap, **consts)
-        A = torch.randn(M // world, K, device="cuda", dtype=torch.bfloat16)
-        B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
-        full = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
-        dist.all_gather_into_tensor(full, A)
-        repeat(program, lambda: torch.empty(M, N, device="cuda", dtype=torch.bfloat16), (A, B), full @ B)
+        calls_checked(program, lambda: ag_gemm_case(world, M, K, N))
     return run
 
 
-def gemm_rs_inputs(world, M, K, N):
-    """This rank's shards of A and B (K split over the ranks), and its rows of the reduce-scattered
-    product computed by NCCL in float32."""
-    A = torch.randn(M, K // world, device="cuda", dtype=torch.bfloat16)
-    B = torch.randn(K // world, N, device="cuda", dtype=torch.bfloat16)
-    want = torch.empty(M // world, N, device="cuda", dtype=torch.float32)
-    dist.reduce_scatter_tensor(want, (A.float() @ B.float()).contiguous())
-    return A, B, want
+def gemm_rs_case(world, M, K, N):
+    """This rank's shards of A and B (K split over the ranks); the expected rows of the product, summed
+    by NCCL in float32."""
+    A, B = empty(M, K // world, **BF16), empty(K // world, N, **BF16)
+    C, want = empty(M // world, N, **BF16), empty(M // world, N)
+
+    def refresh():
+        A.normal_()
+        B.normal_()
+        dist.reduce_scatter_tensor(want, A.float() @ B.float())
+        C.fill_(NAN)
+    return Case((A, B, C), refresh, lambda: close(C, want))
 
 
-def gemm_rs_check(rank, world, heap, M, K, N, name="gemm_rs"):
+def gemm_rs_check(world, heap, M, K, N, name="gemm_rs"):
     def run():
         program = tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
-        A, B, want = gemm_rs_inputs(world, M, K, N)
-        repeat(program, lambda: torch.empty(M // world, N, device="cuda", dtype=torch.bfloat16), (A, B), want)
+        calls_checked(program, lambda: gemm_rs_case(world, M, K, N))
     return run
 
 
 def alternating_outputs_check(world, heap, M, K, N):
-    """Two output tensors used in turn: each has its own recorded call (and CUDA graph); every call
-    must land in the tensor it was given."""
+    """The same A and B tensors at every call and several output tensors in turn: each output has its
+    own prepared call (and CUDA graph), and every call must land in the tensor it was given. New
+    values are copied into A and B right before each call."""
     def run():
         program = tiledsl.compile(PROGRAMS / "gemm_rs.tds", heap)
-        A, B, want = gemm_rs_inputs(world, M, K, N)
-        outs = [torch.empty(M // world, N, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-        for n in range(20):
-            outs[n % 2].fill_(float("nan"))
-            program(A, B, outs[n % 2], check=False)
-            if n >= 18:
-                program.check()
-                close(outs[n % 2], want)
-        program.check()
+        A, B = empty(M, K // world, **BF16), empty(K // world, N, **BF16)
+
+        def make_case():
+            mine = gemm_rs_case(world, M, K, N)
+            fresh_A, fresh_B, C = mine.args
+
+            def load():
+                A.copy_(fresh_A)
+                B.copy_(fresh_B)
+            return Case((A, B, C), mine.refresh, mine.verify, load)
+        calls_checked(program, make_case)
     return run
 
 
-def collective_check(name, world, heap, shape_in, reference, out_shape=None):
+def collective_check(name, world, heap, shape_in, reference, out_shape=None, tol=2e-2):
+    """X random; `reference(X, want)` writes the expected result (float32). Without `out_shape` the
+    program overwrites X (inout), which then is its own output."""
     def run():
         program = tiledsl.compile(PROGRAMS / f"{name}.tds", heap)
-        X = torch.randn(*shape_in, device="cuda", dtype=torch.bfloat16)
-        want = reference(X)
-        if out_shape is None:  # inout: the program overwrites X
-            for n in range(1 + CALLS // 10):
-                Y = X.clone()
-                program(Y, check=(n == 0))
-            program.check()
-            close(Y, want)
-        else:
-            repeat(program, lambda: torch.empty(*out_shape, device="cuda", dtype=torch.bfloat16), (X,), want)
+
+        def make_case():
+            X = empty(*shape_in, **BF16)
+            want = empty(*(out_shape or shape_in))
+            Y = X if out_shape is None else empty(*out_shape, **BF16)
+
+            def refresh():
+                X.normal_()
+                reference(X, want)
+                if Y is not X:
+                    Y.fill_(NAN)
+            return Case((X,) if Y is X else (X, Y), refresh, lambda: close(Y, want, tol))
+        calls_checked(program, make_case)
     return run
 
 
 def main() -> int:
-    rank, world, heap = start(1234)
+    _, world, heap = start(1234)
     checks = Checks()
     record = checks.record
 
-    shapes = [(4096, 2048, 2048), (384 * world, 1000, 1000)]  # the second divides into no tile evenly
+    shapes = gemm_shapes(world)
     ag = (PROGRAMS / "ag_gemm.tds").read_text()
     for M, K, N in shapes:
-        record(f"ag_gemm copy_engine M={M} K={K} N={N}", ag_gemm_check(PROGRAMS / "ag_gemm.tds", rank, world, heap, M, K, N))
+        record(f"ag_gemm copy_engine M={M} K={K} N={N}", ag_gemm_check(PROGRAMS / "ag_gemm.tds", world, heap, M, K, N))
         if (M, K, N) == shapes[0]:  # the direct launch paths the CUDA-graph replay stands in front of
             record(f"ag_gemm copy_engine, no CUDA graphs M={M} K={K} N={N}",
-                   ag_gemm_check(PROGRAMS / "ag_gemm.tds", rank, world, heap, M, K, N, graphs=False))
+                   ag_gemm_check(PROGRAMS / "ag_gemm.tds", world, heap, M, K, N, graphs=False))
             record(f"ag_gemm copy_engine, every launch through the JIT M={M} K={K} N={N}",
-                   ag_gemm_check(PROGRAMS / "ag_gemm.tds", rank, world, heap, M, K, N, graphs=False, replay=False))
+                   ag_gemm_check(PROGRAMS / "ag_gemm.tds", world, heap, M, K, N, graphs=False, replay=False))
             record(f"gemm_rs two output tensors in turn M={M} K={K * world} N={N}",
                    alternating_outputs_check(world, heap, M, K * world, N))
         record(f"ag_gemm sms M={M} K={K} N={N}",
-               ag_gemm_check(ag.replace("on copy_engine", "on sms(8)"), rank, world, heap, M, K, N))
+               ag_gemm_check(ag.replace("on copy_engine", "on sms(8)"), world, heap, M, K, N))
         record(f"ag_gemm nvshmem M={M} K={K} N={N}",
-               ag_gemm_check(PROGRAMS / "ag_gemm_push.tds", rank, world, heap, M, K, N))
-        record(f"gemm_rs sms M={M} K={K * world} N={N}", gemm_rs_check(rank, world, heap, M, K * world, N))
+               ag_gemm_check(PROGRAMS / "ag_gemm_push.tds", world, heap, M, K, N))
+        record(f"gemm_rs sms M={M} K={K * world} N={N}", gemm_rs_check(world, heap, M, K * world, N))
         for variant in ("gemm_rs_push", "gemm_rs_pull"):
             record(f"{variant} sms M={M} K={K * world} N={N}",
-                   gemm_rs_check(rank, world, heap, M, K * world, N, variant))
+                   gemm_rs_check(world, heap, M, K * world, N, variant))
         # rows sent by the copy engine once the stream sees their tiles counted
         record(f"gemm_rs_ce copy_engine M={M} K={K * world} N={N}",
-               gemm_rs_check(rank, world, heap, M, K * world, N, "gemm_rs_ce"))
+               gemm_rs_check(world, heap, M, K * world, N, "gemm_rs_ce"))
 
-    def all_reduce(x):
-        y = x.float().clone()
-        dist.all_reduce(y)
-        return y
+    def all_reduce(x, want):
+        want.copy_(x)
+        dist.all_reduce(want)
 
-    def reduce_scatter(x):
-        y = torch.empty(x.shape[0] // world, x.shape[1], device="cuda")
-        dist.reduce_scatter_tensor(y, x.float().contiguous())
-        return y
+    def reduce_scatter(x, want):
+        dist.reduce_scatter_tensor(want, x.float())
 
-    def all_gather(x):
-        y = torch.empty(x.shape[0] * world, x.shape[1], device="cuda", dtype=x.dtype)
-        dist.all_gather_into_tensor(y, x)
-        return y
+    def all_gather(x, want):
+        gathered = empty(*want.shape, dtype=x.dtype)
+        dist.all_gather_into_tensor(gathered, x)
+        want.copy_(gathered)
 
-    for n in (1000, 1 << 20, 3 * (1 << 20) + 7):
+    for n in ALLREDUCE_SIZES:
         record(f"allreduce N={n}", collective_check("allreduce", world, heap, (n,), all_reduce))
-    for rows, cols in ((64 * world, 1024), (1000 * world, 1000)):
+    for rows, cols in collective_shapes(world):
         record(f"reduce_scatter {rows}x{cols}",
                collective_check("reduce_scatter", world, heap, (rows, cols), reduce_scatter, (rows // world, cols)))
-        record(f"allgather {rows // world}x{cols} per rank",
-               collective_check("allgather", world, heap, (rows // world, cols), all_gather, (rows, cols)))
+        record(f"allgather {rows // world}x{cols} per rank",  # copies: exact
+               collective_check("allgather", world, heap, (rows // world, cols), all_gather, (rows, cols), tol=0.0))
 
     def broken():
         program = tiledsl.compile(PROGRAMS / "ag_gemm.tds", heap, wait_timeout_s=1.0, skip=("gather",))
-        A = torch.randn(1024 // world, 256, device="cuda", dtype=torch.bfloat16)
-        B = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+        A = empty(1024 // world, 256, **BF16).normal_()
+        B = empty(256, 512, **BF16).normal_()
         try:
-            program(A, B, torch.empty(1024, 512, device="cuda", dtype=torch.bfloat16))
+            program(A, B, empty(1024, 512, **BF16))
         except ScheduleTimeout as error:
             assert "edge 0" in str(error) and "gather" in str(error), str(error)
             return
@@ -163,10 +180,10 @@ def main() -> int:
 
     def validation():
         program = tiledsl.compile(PROGRAMS / "ag_gemm.tds", heap)
-        A = torch.randn(1024 // world, 256, device="cuda", dtype=torch.float32)
-        B = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+        A = empty(1024 // world, 256).normal_()
+        B = empty(256, 512, **BF16).normal_()
         try:
-            program(A, B, torch.empty(1024, 512, device="cuda", dtype=torch.bfloat16))
+            program(A, B, empty(1024, 512, **BF16))
         except LaunchError as error:
             assert "'A'" in str(error) and "dtype" in str(error), str(error)
             return

@@ -1,0 +1,158 @@
+"""The multi-GPU check scripts run whole on CPU: two gloo ranks, small sizes, and torch stand-ins for the
+programs. This proves their own logic (references, shapes, dtypes, tolerances, calls back to back and
+the summary), not the programs: a stand-in that computes the right thing must pass every repeated-call
+check, and one that reads the previous call's inputs, as a too-early wait would, must fail every one."""
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+HERE = Path(__file__).parent
+# checks that need the real runtime (a schedule timing out, launch validation): the stand-ins cannot pass them
+RUNTIME_ONLY = {"broken schedule reports rank, edge and epoch", "launch validation names the wrong tensor"}
+
+
+def _all_reduce(x):
+    y = x.float().clone()
+    dist.all_reduce(y)
+    return y
+
+
+def _gather(x):
+    y = torch.empty(x.shape[0] * dist.get_world_size(), *x.shape[1:], dtype=x.dtype)
+    dist.all_gather_into_tensor(y, x.contiguous())
+    return y
+
+
+def _reduce_scatter(x):
+    y = torch.empty(x.shape[0] // dist.get_world_size(), *x.shape[1:])
+    dist.reduce_scatter_tensor(y, x.float().contiguous())
+    return y
+
+
+def _rmsnorm(inputs, args):
+    X, R0, W = inputs
+    _, R, _, Y = args
+    R.copy_(_all_reduce(X) + R0.float())
+    Y.copy_(F.rms_norm(R.float(), (R.shape[-1],), W.float(), eps=1e-6))
+
+
+# program: (how many of its leading arguments it reads, what it writes from them into the arguments)
+STAND_INS = {
+    "ag_gemm": (2, lambda i, a: a[2].copy_(_gather(i[0]).float() @ i[1].float())),
+    "gemm_rs": (2, lambda i, a: a[2].copy_(_reduce_scatter(i[0].float() @ i[1].float()))),
+    "allreduce": (1, lambda i, a: a[0].copy_(_all_reduce(i[0]))),
+    "reduce_scatter": (1, lambda i, a: a[1].copy_(_reduce_scatter(i[0]))),
+    "allgather": (1, lambda i, a: a[1].copy_(_gather(i[0]))),
+    "gemm_ar": (2, lambda i, a: a[2].copy_(_all_reduce(i[0].float() @ i[1].float()))),
+    "allreduce_rmsnorm": (3, _rmsnorm),
+}
+
+
+class StandIn:
+    """A program's result computed by torch; `stale`: from the second call on, computed from the
+    previous call's inputs."""
+
+    def __init__(self, name, stale, skip=(), **_):
+        self.family = next(f for f in sorted(STAND_INS, key=len, reverse=True) if name.startswith(f))
+        self.reads, self.compute = STAND_INS[self.family]
+        self.stale, self.skip, self.previous = stale, skip, None
+
+    def __call__(self, *args, check=True):
+        if self.skip:
+            raise NotImplementedError("a stand-in has no schedule to break")
+        if self.family == "ag_gemm" and args[0].dtype != torch.bfloat16:
+            raise NotImplementedError("a stand-in validates nothing")
+        current = [a.clone() for a in args[:self.reads]]
+        self.compute(self.previous if self.stale and self.previous else current, args)
+        self.previous = current
+
+    def check(self):
+        pass
+
+
+class StandInAllReduce:
+    def __init__(self, heap, stale):
+        self.threshold_bytes, self.last_algorithm = float("inf"), None
+        self.programs = {name: StandIn("allreduce", stale) for name in ("one_shot", "two_shot")}
+
+    def choose(self, x):
+        return "one_shot"
+
+    def __call__(self, x, algorithm=None, check=True):
+        self.last_algorithm = algorithm or self.choose(x)
+        self.programs[self.last_algorithm](x, check=check)
+        return x
+
+    def check(self):
+        pass
+
+
+def _compile(stale):
+    def compile(source, heap=None, **options):
+        text = str(source)
+        name = re.search(r"^program (\w+)", text, re.MULTILINE).group(1) if "\n" in text else Path(text).stem
+        return StandIn(name, stale, **options)
+    return compile
+
+
+def _script_rank(rank, world, port, script, stale, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      CHECKS_ONLY="")
+    sys.path.insert(0, str(HERE))
+    import harness
+    module = __import__(script)
+    harness.DEVICE = "cpu"
+    module.start = lambda seed: harness.start(seed, backend="gloo")
+    module.CALLS = 12  # more than one round of calls back to back
+    module.tiledsl = type("tiledsl", (), {"compile": staticmethod(_compile(stale))})
+    if script == "multigpu_checks":
+        module.gemm_shapes = lambda world: [(64, 32, 48), (24 * world, 40, 40)]
+        module.collective_shapes = lambda world: [(4 * world, 16), (7 * world, 10)]
+        module.ALLREDUCE_SIZES = (100, 1001)
+    else:
+        module.AllReduce = lambda heap: StandInAllReduce(heap, stale)
+        module.AR_BYTES = (1 << 10, 1 << 14)
+        module.AUTO_NUMELS = (100, 3001)
+        module.RMSNORM_SHAPES = [(1, 64), (33, 100)]
+        module.gemm_ar_shapes = lambda world: [(1, 64, 48), (37, 40 * world, 50)]
+    results.put((rank, module.main()))
+
+
+def _run_script(script, stale):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = 29500 + (os.getpid() + 97 * len(script) + 13 * stale) % 1000
+    procs = [context.Process(target=_script_rank, args=(r, 2, port, script, stale, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    return got
+
+
+def _lines(out, verdict):
+    return [line.split(" -- ")[0].removeprefix(verdict + " ") for line in out.splitlines()
+            if line.startswith(verdict + " ")]
+
+
+@pytest.mark.parametrize("script", ["multigpu_checks", "collectives_checks"])
+def test_checks_pass_a_correct_stand_in_and_fail_a_stale_one(script, capfd):
+    runtime_only = RUNTIME_ONLY if script == "multigpu_checks" else set()
+    rc = 1 if runtime_only else 0
+    assert _run_script(script, stale=False) == [(0, rc), (1, rc)]
+    out = capfd.readouterr().out
+    passed, failed = _lines(out, "PASS"), _lines(out, "FAIL")
+    assert len(passed) > 20 and set(failed) == runtime_only, out
+    assert f"{len(passed) + len(failed)} run, {len(failed)} failed" in out.splitlines()
+
+    assert _run_script(script, stale=True) == [(0, 1), (1, 1)]
+    out = capfd.readouterr().out
+    assert not _lines(out, "PASS") and sorted(_lines(out, "FAIL")) == sorted(passed + failed), out

@@ -1,0 +1,84 @@
+"""bench/gpu_all.sh's verdict, on CPU: `python3` and `torchrun` are stubs on PATH that print what each
+test asks for and exit with its code, so the script's counting and summary run for real."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STUB = """#!/usr/bin/env bash
+if [ "$1" = "-c" ]; then  # the script asks for the GPU count, then the versions
+  case $2 in *device_count*) echo 2 ;; *) echo "torch stub triton stub" ;; esac
+  exit 0
+fi
+for arg in "$@"; do case $arg in *.py) name=$(basename "$arg" .py) ;; esac; done
+cat "$STUBS/$name.out" 2>/dev/null
+exit "$(cat "$STUBS/$name.rc" 2>/dev/null || echo 0)"
+"""
+
+
+def gpu_all(tmp_path, stages, outputs=None, codes=None, old_logs=None):
+    """Run gpu_all.sh on `stages` with stubbed scripts: `outputs` and `codes` by script name."""
+    bin_dir, stubs, out = tmp_path / "bin", tmp_path / "stubs", tmp_path / "out"
+    for folder in (bin_dir, stubs, out):
+        folder.mkdir(exist_ok=True)
+    for tool in ("python3", "torchrun"):
+        (bin_dir / tool).write_text(STUB)
+        (bin_dir / tool).chmod(0o755)
+    for name, text in (outputs or {}).items():
+        (stubs / f"{name}.out").write_text(text)
+    for name, code in (codes or {}).items():
+        (stubs / f"{name}.rc").write_text(str(code))
+    for name, text in (old_logs or {}).items():
+        (out / name).write_text(text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUBS": str(stubs), "OUT": str(out)}
+    env.pop("CHECKS_ONLY", None)
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_all.sh"), *stages], env=env, capture_output=True,
+                          text=True, timeout=120)
+    return done.returncode, done.stdout
+
+
+CLEAN = {"smoke_runtime": "PASS peer_stores\nPASS copy_engine_signals\n",
+         "multigpu_checks": "PASS a\nPASS b\n2 run, 0 failed\n"}
+
+
+def test_a_clean_run_passes_and_ends_with_the_table(tmp_path):
+    code, out = gpu_all(tmp_path, ["checks", "gemm"], CLEAN)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[-1] == "ok: 0 FAIL lines, 0 stages exited non-zero"
+    assert lines[-5].split() == ["stage", "exit", "PASS", "FAIL", "s"]
+    assert [line.split()[:4] for line in lines[-4:-1]] == [
+        ["smoke_runtime", "0", "2", "0"], ["checks_world2", "0", "2", "0"], ["gemm_tile", "0", "0", "0"]]
+
+
+@pytest.mark.parametrize("line", ["FAIL allreduce N=1000 -- UserWarning: ignored", "FAIL x: warn"])
+def test_a_fail_line_fails_the_run_and_is_shown_even_from_a_script_that_exits_0(tmp_path, line):
+    code, out = gpu_all(tmp_path, ["checks"], {**CLEAN, "multigpu_checks": f"PASS a\n{line}\n"})
+    assert code == 1
+    assert out.count(line) == 2  # under its stage, and in the summary
+    assert f"checks_world2: {line}" in out
+    assert out.splitlines()[-1] == "FAILED: 1 FAIL lines, 0 stages exited non-zero"
+
+
+def test_every_fail_line_is_shown(tmp_path):
+    many = "".join(f"FAIL check {n}\n" for n in range(60))
+    code, out = gpu_all(tmp_path, ["checks"], {**CLEAN, "multigpu_checks": many})
+    assert code == 1 and all(f"checks_world2: FAIL check {n}\n" in out for n in range(60))
+
+
+def test_a_script_that_exits_nonzero_fails_the_run(tmp_path):
+    code, out = gpu_all(tmp_path, ["gemm"], {"bench_gemm": "Traceback\nRuntimeError: boom\n"}, {"bench_gemm": 1})
+    assert code == 1 and "!! gemm_tile exited 1" in out and "RuntimeError: boom" in out
+    assert out.splitlines()[-1] == "FAILED: 0 FAIL lines, 1 stages exited non-zero"
+
+
+def test_fail_lines_of_an_earlier_run_left_in_out_do_not_count(tmp_path):
+    code, out = gpu_all(tmp_path, ["checks"], CLEAN, old_logs={"overlap_world2.log": "FAIL old\n"})
+    assert code == 0 and "FAIL old" not in out
+
+
+def test_an_unknown_stage_fails(tmp_path):
+    code, out = gpu_all(tmp_path, ["checks", "nonsense"], CLEAN)
+    assert code == 1 and "unknown stage nonsense" in out
