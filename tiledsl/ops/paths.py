@@ -86,9 +86,9 @@ class Op:
         """The path taken when nothing is measured: the first preferred program whose default tunables
         apply and that needs no padding (padding copies, which only a measurement can justify), else torch."""
         for program in self.preferred(p):
+            _, tunables = library_consts(program)
             for path in self.paths(entry)[1:]:
-                _, tunables = library_consts(program)
-                default = all(dict(path.tunables).get(k) == v[0] for k, v in tunables.items())
+                default = all(tunables[k][0] == v for k, v in path.tunables)  # the program's own choice
                 if path.program == program and default and path.name in applicable and self.exact(path, p, entry):
                     return path.name
         return TORCH.name
