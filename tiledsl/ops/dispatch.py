@@ -60,10 +60,13 @@ def choose(op_name: str, p: Problem, impl: str | None = None, tune: bool | None 
         why = no_heap or op.refusal(path, p, entry)
         if why:
             not_applicable[path.name] = why
-    if no_heap and len(paths) == 1:  # no tunables known without a heap: name the programs themselves
-        not_applicable = {program: no_heap for program in op.programs}
     if impl is not None:
-        return _forced(op, p, impl, by_name, not_applicable), _path(by_name, impl, op), entry
+        path = _path(by_name, impl, op)
+        if path.name in not_applicable:
+            raise ValueError(f"{op.name}: {path.name} cannot run this call: {not_applicable[path.name]}")
+        forced = tuning.Decision(op.name, op.bucket(p), path.name, "forced",
+                                 not_applicable=tuple(not_applicable.items()))
+        return forced, path, entry
     emulated = entry.emulated if entry is not None else p.device.type == "cpu"
     bucket = op.bucket(p)
     key = "|".join([op.name, f"world{p.world}", entry.kind if entry else "no heap", bucket])
@@ -88,21 +91,13 @@ def choose(op_name: str, p: Problem, impl: str | None = None, tune: bool | None 
 
 
 def _path(by_name: dict, impl: str, op):
+    """The path named `impl`: exactly, or a program's name for its default tunables."""
     if impl in by_name:
         return by_name[impl]
     defaults = [p for p in by_name.values() if p.program == impl]
     if defaults:
         return defaults[0]
     raise ValueError(f"{op.name}: unknown path {impl!r}; paths here: {', '.join(by_name)}")
-
-
-def _forced(op, p: Problem, impl: str, by_name: dict, not_applicable: dict) -> tuning.Decision:
-    if impl in not_applicable or (impl not in by_name and impl in op.programs):
-        raise ValueError(f"{op.name}: {impl} cannot run this call: {not_applicable.get(impl, 'no heap')}")
-    path = _path(by_name, impl, op)
-    if path.name in not_applicable:
-        raise ValueError(f"{op.name}: {path.name} cannot run this call: {not_applicable[path.name]}")
-    return tuning.Decision(op.name, op.bucket(p), path.name, "forced", not_applicable=tuple(not_applicable.items()))
 
 
 class _Agreement:

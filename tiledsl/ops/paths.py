@@ -340,8 +340,8 @@ class AllReduceRMSNorm(Op):
     name = "all_reduce_rmsnorm"
     programs = ("allreduce_rmsnorm",)
 
-    def bucket(self, p):
-        return f"{str(p.dtype).removeprefix('torch.')} T<={_pow2(p.rows)} D={p.x.shape[1]}"
+    def bucket(self, p):  # the epsilon too: whether the program applies depends on it
+        return f"{str(p.dtype).removeprefix('torch.')} T<={_pow2(p.rows)} D={p.x.shape[1]} eps={p.eps:g}"
 
     def source(self, p) -> tuple[str | None, str | None]:
         """(program text for this epsilon, or None for the library file as it is; why not, or None)."""
