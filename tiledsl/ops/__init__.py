@@ -25,7 +25,8 @@ import torch
 from tiledsl.ops import torch_ops  # noqa: F401 - registers torch.ops.tiledsl.*
 from tiledsl.ops.context import STATE, Settings, group_name, use_heap
 from tiledsl.ops.dispatch import LAST, explain, reset
-from tiledsl.ops.tuning import Decision, event_timer, graph_timer, wall_timer
+from tiledsl.ops.timers import event_timer, graph_timer, wall_timer
+from tiledsl.ops.tuning import Decision
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce", "all_gather",
            "reduce_scatter", "all_reduce_rmsnorm", "use_heap", "configure", "explain", "decision", "check",

@@ -6,9 +6,13 @@ import torch
 
 from tiledsl.ops import tuning
 from tiledsl.ops.context import STATE, heap_for, world_of
-from tiledsl.ops.paths import OPS, TORCH, Problem
+from tiledsl.ops.collective_ops import AllGather, AllReduce, AllReduceRMSNorm, ReduceScatter
+from tiledsl.ops.paths import Problem
+from tiledsl.ops.products import AllGatherMatmul, MatmulAllReduce, MatmulReduceScatter
 from tiledsl.ops.shapes import MULTIPLIED, flat_rows, matrix_rows, normalise_dim
 
+OPS = {op.name: op for op in (AllGatherMatmul(), MatmulReduceScatter(), MatmulAllReduce(), AllReduce(),
+                              AllGather(), ReduceScatter(), AllReduceRMSNorm())}
 LAST: dict[str, tuning.Decision] = {}  # op -> the decision its last call followed (forced ones too)
 
 

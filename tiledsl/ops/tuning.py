@@ -11,7 +11,6 @@ import math
 import os
 import re
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 import tiledsl
-from tiledsl.ops.context import ENV_CACHE_DIR, ENV_TIMER, STATE, resolve
+from tiledsl.ops.context import ENV_CACHE_DIR, STATE, resolve
+from tiledsl.ops.timers import default_timer
 
 CACHE_FORMAT = 1  # bump when an entry's meaning changes: older files are then ignored as stale
-WARMUP, REPEATS = 3, 10  # calls before timing, calls timed back to back (as a model issues them)
 
 
 @dataclass(frozen=True)
@@ -50,59 +49,6 @@ class Decision:
 
 def _ms(value: float) -> str:
     return "failed" if math.isinf(value) else f"{value:.4f} ms"
-
-
-# ---- timers: timer(name, fn) -> seconds per call; every rank calls fn the same number of times -------
-
-def event_timer(name: str, fn: Callable[[], object]) -> float:
-    """CUDA events around REPEATS calls back to back, after WARMUP calls."""
-    for _ in range(WARMUP):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPEATS):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / REPEATS
-
-
-def graph_timer(name: str, fn: Callable[[], object]) -> float:
-    """REPEATS calls captured in one CUDA graph and replayed: the time a caller's graph would see,
-    without the host's launch cost. A path that cannot be captured counts as failed."""
-    for _ in range(WARMUP):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPEATS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / REPEATS
-
-
-def wall_timer(name: str, fn: Callable[[], object]) -> float:
-    """Host wall clock (CPU, emulated: meaningless for speed, kept so the logic runs end to end)."""
-    fn()
-    begin = time.perf_counter()
-    for _ in range(2):
-        fn()
-    return (time.perf_counter() - begin) / 2
-
-
-def default_timer(device: torch.device) -> Callable:
-    if STATE.settings.timer is not None:
-        return STATE.settings.timer
-    if device.type != "cuda":
-        return wall_timer
-    return graph_timer if os.environ.get(ENV_TIMER, "events") == "graph" else event_timer
 
 
 # ---- agreement between ranks ------------------------------------------------------------------------
