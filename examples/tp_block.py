@@ -189,6 +189,11 @@ def _timed(step, iters: int, graphs: bool) -> tuple[float, object, str]:
     how, run = "CUDA events, eager", step
     if graphs:
         try:
+            side = torch.cuda.Stream()  # warm up on a side stream first, as torch.cuda.graph asks
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = step()
@@ -257,6 +262,7 @@ def emulated_rank(heap, rendezvous: str, options: dict):
                             timeout=datetime.timedelta(seconds=300))
     import tiledsl.ops
     tiledsl.ops.reset()
+    tiledsl.ops.configure(cache_dir=options.get("cache_dir"))
     tiledsl.ops.use_heap(heap, consts=EMULATED_TILES, wait_timeout_s=60.0)
     try:
         rows = run(SIZES[options["size"]], dist.group.WORLD, torch.device("cpu"), options["dtype"], options["batch"],

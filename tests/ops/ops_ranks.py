@@ -5,6 +5,7 @@ several tiles and end in ragged ones."""
 from __future__ import annotations
 
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -19,7 +20,8 @@ def start(heap, rendezvous: str, **use_heap_options):
                             timeout=datetime.timedelta(seconds=120))
     import tiledsl.ops as ops
     ops.reset()
-    ops.configure(progress=False)
+    # choices are cached beside the rendezvous file, never in the user's cache of earlier runs
+    ops.configure(progress=False, cache_dir=os.path.join(os.path.dirname(rendezvous), "tuning"))
     ops.use_heap(heap, **{"consts": SMALL_TILES, "wait_timeout_s": 30.0, **use_heap_options})
     return ops
 

@@ -30,9 +30,9 @@ def _rank(heap, rendezvous, options):
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
     from tiledsl.runtime.emulate import run_ranks
-    options = {"size": "toy", "dtype": torch.bfloat16, "batch": 2, "seq": 16, "decode_batches": [3], "kv_len": 8,
-               "iters": 0}
     folder = tmp_path_factory.mktemp("tp_block")
+    options = {"size": "toy", "dtype": torch.bfloat16, "batch": 2, "seq": 16, "decode_batches": [3], "kv_len": 8,
+               "iters": 0, "cache_dir": str(folder / "tuning")}
     return run_ranks(_rank, 2, str(folder / "rendezvous"), options, timeout_s=600)
 
 
