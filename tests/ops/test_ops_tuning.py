@@ -27,16 +27,16 @@ def fresh(tmp_path, monkeypatch):
 
 class Ranks:
     """Stand-in for the group: this is rank `rank`; the other ranks measured `peer_times`, and rank 0's
-    cache holds `rank0_entry` (what a broadcast from rank 0 delivers to the others)."""
+    cache holds `rank0_entry` and its tuning switch is `rank0_tune` (what rank 0 broadcasts)."""
 
-    def __init__(self, rank=0, world=2, peer_times=None, rank0_entry=None):
+    def __init__(self, rank=0, world=2, peer_times=None, rank0_entry=None, rank0_tune=True):
         self.rank, self.world = rank, world
         self.peer_times = peer_times or []
-        self.rank0_entry = rank0_entry
+        self.rank0_entry, self.rank0_tune = rank0_entry, rank0_tune
         self.barriers = 0
 
     def broadcast(self, value):
-        return value if self.rank == 0 else self.rank0_entry
+        return value if self.rank == 0 else (self.rank0_entry, self.rank0_tune)
 
     def gather(self, value):
         return [value] + [(times, {}) for times in self.peer_times]
@@ -135,12 +135,15 @@ def test_a_choice_is_cached_on_disk_and_read_back_without_measuring(tmp_path):
     assert again.times_ms == first.times_ms
 
 
-def test_other_ranks_follow_rank_0s_cached_choice():
+def test_other_ranks_follow_rank_0s_cached_choice_and_tuning_switch():
     entry = {"choice": "ag_gemm[BK=64]", "times_ms": {p: 1.0 + i for i, p in enumerate(PATHS)}}
     timer = Timer({})
     ops.configure(timer=timer)
     decision = tuning.decide(question(), Ranks(rank=1, rank0_entry=entry), tune=True)
     assert (decision.choice, decision.how, timer.timed) == ("ag_gemm[BK=64]", "cached", [])
+    tuning.forget()
+    decision = tuning.decide(question(rule="ag_gemm[BK=128]"), Ranks(rank=1, rank0_tune=False), tune=True)
+    assert (decision.choice, decision.how, timer.timed) == ("ag_gemm[BK=128]", "rule", [])  # measures with rank 0
 
 
 @pytest.mark.parametrize("content, warning", [

@@ -194,7 +194,8 @@ def decide(question: Question, agreement, tune: bool) -> Decision:
         return Decision(question.op, question.bucket, question.rule, "capture", not_applicable=skipped,
                         note="first call inside a CUDA-graph capture: the rule, not tuned (warm up first)")
     cache = choice_cache(question.gpu, question.world)
-    cached = agreement.broadcast(cache.lookup(question.cache_key) if agreement.rank == 0 else None)
+    # rank 0's cached choice and rank 0's switch: a rank that measured while another did not would hang
+    cached, tune = agreement.broadcast((cache.lookup(question.cache_key), tune) if agreement.rank == 0 else None)
     if cached is not None and sorted(cached["times_ms"]) == sorted(applicable) and cached["choice"] in applicable:
         times = tuple(sorted(cached["times_ms"].items(), key=lambda kv: kv[1]))
         decision = Decision(question.op, question.bucket, cached["choice"], "cached", times, skipped,
