@@ -1,0 +1,111 @@
+"""The ops as torch.library custom ops (`torch.ops.tiledsl.*`), each with a fake implementation that
+gives its output's shape, dtype and (contiguous) layout without running it: torch.compile traces a
+model through them (fullgraph) instead of into the launcher's Python, and runs the real op at run time.
+A process group travels as its name, as in torch's own symmetric-memory ops."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from tiledsl.ops import dispatch
+from tiledsl.ops.context import world_of
+from tiledsl.ops.shapes import MULTIPLIED, normalise_dim
+
+NAMESPACE = "tiledsl"
+
+
+def _op(name: str):
+    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())
+
+
+def _resized(x: Tensor, dim: int, why: str | None, factor: int, last: int | None = None) -> Tensor:
+    """An empty tensor like x with dimension `dim` multiplied (factor > 0) or divided (factor < 0)."""
+    shape = list(x.shape)
+    dim = normalise_dim(dim, x.dim(), why)
+    shape[dim] = shape[dim] * factor if factor > 0 else shape[dim] // -factor
+    if last is not None:
+        shape[-1] = last
+    return x.new_empty(shape)
+
+
+
+@_op("all_gather_matmul")
+def all_gather_matmul(a: Tensor, b: Tensor, group_name: str, gather_dim: int = 0, impl: Optional[str] = None,
+                      tune: Optional[bool] = None) -> Tensor:
+    p = dispatch.problem("all_gather_matmul", group_name, a, gather_dim, w=b)
+    return dispatch.run("all_gather_matmul", p, impl, tune)
+
+
+@all_gather_matmul.register_fake
+def _(a, b, group_name, gather_dim=0, impl=None, tune=None):
+    return _resized(a, gather_dim, MULTIPLIED, world_of(group_name), b.shape[1])
+
+
+@_op("matmul_reduce_scatter")
+def matmul_reduce_scatter(a: Tensor, b: Tensor, group_name: str, scatter_dim: int = 0, impl: Optional[str] = None,
+                          tune: Optional[bool] = None) -> Tensor:
+    p = dispatch.problem("matmul_reduce_scatter", group_name, a, scatter_dim, w=b)
+    return dispatch.run("matmul_reduce_scatter", p, impl, tune)
+
+
+@matmul_reduce_scatter.register_fake
+def _(a, b, group_name, scatter_dim=0, impl=None, tune=None):
+    return _resized(a, scatter_dim, MULTIPLIED, -world_of(group_name), b.shape[1])
+
+
+@_op("matmul_all_reduce")
+def matmul_all_reduce(a: Tensor, b: Tensor, group_name: str, impl: Optional[str] = None,
+                      tune: Optional[bool] = None) -> Tensor:
+    p = dispatch.problem("matmul_all_reduce", group_name, a, w=b)
+    return dispatch.run("matmul_all_reduce", p, impl, tune)
+
+
+@matmul_all_reduce.register_fake
+def _(a, b, group_name, impl=None, tune=None):
+    return a.new_empty(tuple(a.shape[:-1]) + (b.shape[1],))
+
+
+@_op("all_reduce")
+def all_reduce(x: Tensor, group_name: str, impl: Optional[str] = None, tune: Optional[bool] = None) -> Tensor:
+    return dispatch.run("all_reduce", dispatch.problem("all_reduce", group_name, x), impl, tune)
+
+
+@all_reduce.register_fake
+def _(x, group_name, impl=None, tune=None):
+    return x.new_empty(x.shape)
+
+
+@_op("all_gather")
+def all_gather(x: Tensor, group_name: str, gather_dim: int = 0, impl: Optional[str] = None,
+               tune: Optional[bool] = None) -> Tensor:
+    return dispatch.run("all_gather", dispatch.problem("all_gather", group_name, x, gather_dim), impl, tune)
+
+
+@all_gather.register_fake
+def _(x, group_name, gather_dim=0, impl=None, tune=None):
+    return _resized(x, gather_dim, None, world_of(group_name))
+
+
+@_op("reduce_scatter")
+def reduce_scatter(x: Tensor, group_name: str, scatter_dim: int = 0, impl: Optional[str] = None,
+                   tune: Optional[bool] = None) -> Tensor:
+    return dispatch.run("reduce_scatter", dispatch.problem("reduce_scatter", group_name, x, scatter_dim), impl, tune)
+
+
+@reduce_scatter.register_fake
+def _(x, group_name, scatter_dim=0, impl=None, tune=None):
+    return _resized(x, scatter_dim, None, -world_of(group_name))
+
+
+@_op("all_reduce_rmsnorm")
+def all_reduce_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, group_name: str, eps: float = 1e-6,
+                       impl: Optional[str] = None, tune: Optional[bool] = None) -> tuple[Tensor, Tensor]:
+    p = dispatch.problem("all_reduce_rmsnorm", group_name, x, w=weight, residual=residual, eps=eps)
+    return dispatch.run("all_reduce_rmsnorm", p, impl, tune)
+
+
+@all_reduce_rmsnorm.register_fake
+def _(x, residual, weight, group_name, eps=1e-6, impl=None, tune=None):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
