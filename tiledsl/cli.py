@@ -1,6 +1,7 @@
 """The `tiledsl` command: check, build, draw and run .tds programs.
 
-Exit codes: 0 success, 1 the program has errors (diagnostics on stderr), 2 bad usage or a part of
+Exit codes: 0 success, 1 the program has errors (diagnostics on stderr) or failed when it ran (a
+wait that timed out, named by rank, edge and epochs; a tensor it refused), 2 bad usage or a part of
 tiledsl that this build lacks, 3 a bug in tiledsl (one line; TILEDSL_TRACEBACK=1 shows the traceback).
 """
 from __future__ import annotations
@@ -18,6 +19,16 @@ from tiledsl.diagnostics import TdsError, error
 from tiledsl.grammar.ast import Span
 
 OK, ERRORS, UNAVAILABLE, INTERNAL = 0, 1, 2, 3
+
+
+def _run_errors() -> tuple[type, ...]:
+    """What a program's run can fail with that is the program's or the caller's doing, not a bug."""
+    from tiledsl.runtime.issue import ScheduleTimeout
+    from tiledsl.runtime.validate import LaunchError
+    return ScheduleTimeout, LaunchError
+
+
+RUN_ERRORS = _run_errors()
 GRAPH_FORMATS = (".png", ".svg", ".dot")
 
 
@@ -131,6 +142,9 @@ def _guarded(path: str, action, *args) -> int:
     except LoweringError as exc:  # a schedule the checker accepts but code generation cannot emit yet
         print(f"{path}: error: {exc}", file=sys.stderr)
         return ERRORS
+    except RUN_ERRORS as exc:  # a wait that timed out, a tensor the program refused: on GPUs
+        print(f"{path}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return ERRORS
     except Unavailable as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         return UNAVAILABLE
@@ -144,6 +158,9 @@ def _guarded(path: str, action, *args) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a compiler bug is reported in one line, not a traceback
+        if getattr(exc, "kind", None) in {e.__name__ for e in RUN_ERRORS}:  # an emulated rank's run-time error
+            print(f"{path}: error: {exc.kind} on rank {exc.rank}: {exc.message}", file=sys.stderr)
+            return ERRORS
         return _internal(exc)
 
 

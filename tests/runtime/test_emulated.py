@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 from argparse import Namespace
 from pathlib import Path
 
@@ -193,6 +194,40 @@ def test_a_family_left_out_makes_every_rank_time_out_naming_the_edge(name, skip,
         assert found["text"] == f"{path}:{line} {edge_text}"
 
 
+def _rank_that_times_out(heap, source: str, skip: tuple, shapes: list, inputs: list):
+    """As _rank_with_a_family_left_out, but the timeout leaves the rank as it would under `tiledsl run`."""
+    import tiledsl
+    program = tiledsl.compile(source, heap, emulated=True, wait_timeout_s=0.2, skip=skip,
+                              dtype_override={k: getattr(torch, v) for k, v in EMULATED_DTYPES.items()})
+    args = {spec.name: inputs[heap.rank][spec.name].clone() if spec.name in inputs[heap.rank] else
+            torch.full(shapes[heap.rank][spec.name], float("nan")) for spec in program.callers}
+    program(**args)
+
+
+def test_a_timeout_under_tiledsl_run_is_an_error_naming_rank_edge_and_epochs_not_an_internal_error(
+        capsys, monkeypatch):
+    from tiledsl import cli
+    path = ROOT / "programs" / "ag_gemm.tds"
+    schedule = program_schedule(path)
+    sizes = small_sizes(schedule, 2)
+    reference = Reference(schedule, 2, sizes)
+    inputs = make_inputs(schedule, 2, sizes, seed=0, dtype_map=EMULATED_DTYPES)
+
+    def main_run(args):
+        run_ranks(_rank_that_times_out, 2, os.fspath(path), ("gather",), [reference.shapes(r) for r in range(2)],
+                  inputs, timeout_s=120)
+        return 0
+
+    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", types.SimpleNamespace(main_run=main_run))
+    code = cli.main(["run", os.fspath(path)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "mm[i, j] after" in text)
+    assert re.search(rf"error: ScheduleTimeout on rank \d: rank \d timed out waiting on edge 0: {re.escape(str(path))}:"
+                     rf"{line} mm\[i, j\] after gather.* expected epoch 1, saw 0", err), err
+    assert "internal error" not in err
+
+
 @pytest.mark.parametrize("name, skip, edge_text", LEFT_OUT[:1], ids=[n for n, _, _ in LEFT_OUT[:1]])
 def test_a_timeout_names_the_rank_that_waited_and_the_epochs(name, skip, edge_text):
     for rank, found in enumerate(timeouts_with_a_family_left_out(name, skip)):
@@ -231,7 +266,7 @@ def test_an_output_never_written_is_a_mismatch_end_to_end(tmp_path):
     (verdict,) = run_emulated(os.fspath(path), 2, sizes={"N": 12})
     assert not verdict.ok
     assert "Y: MISMATCH" in verdict.line()
-    assert "8 elements never written (still NaN)" in verdict.line()  # 4 per rank
+    assert "16 elements never written (still NaN)" in verdict.line()  # 4 per rank and call
 
 
 def test_compare_tolerates_rounding_and_nothing_more():
@@ -251,6 +286,40 @@ def test_compare_calls_a_single_nan_a_mismatch():
     verdict = compare("C", [torch.ones(4), poisoned], want, "bfloat16", ", world 2")
     assert not verdict.ok
     assert verdict.line() == "C: MISMATCH (max relative error inf, world 2; 1 elements never written (still NaN))"
+
+
+def test_compare_fails_on_nan_or_inf_in_the_reference_and_on_inf_got():
+    want = [torch.ones(4)]
+    for bad in (float("nan"), float("inf")):
+        broken = torch.ones(4)
+        broken[1] = bad
+        verdict = compare("C", [torch.ones(4)], [broken], "float32")
+        assert not verdict.ok and "the reference holds NaN or Inf" in verdict.line()
+    infinite = torch.ones(4)
+    infinite[0] = float("inf")
+    verdict = compare("C", [infinite], want, "float32")
+    assert not verdict.ok and "1 elements Inf" in verdict.line()
+    # a NaN on a later copy is not hidden by an earlier copy's error
+    late = torch.ones(4)
+    late[3] = float("nan")
+    assert not compare("C", [torch.ones(4) * 1.5, late], [torch.ones(4), torch.ones(4)], "bfloat16").ok
+
+
+def test_every_call_runs_on_fresh_inputs_and_is_checked(monkeypatch):
+    """A rank that hands back the first call's outputs on the second call (what a wait that let a
+    consumer through too early would read) is caught: each call has its own inputs and reference."""
+    from tiledsl.runtime import run_program
+    path = ROOT / "programs" / "copy.tds"
+    schedule = program_schedule(path)
+
+    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s):
+        assert len(calls) == 2 and not torch.equal(calls[0][0]["X"], calls[1][0]["X"])  # fresh inputs
+        first = [Reference(schedule, world, {"N": 2048}).run(calls[0])[rank] for rank in range(world)]
+        return [[{"Y": first[rank]["Y"].float().numpy()}] * 2 for rank in range(world)]
+
+    monkeypatch.setattr("tiledsl.runtime.emulate.run_ranks", stale_ranks)
+    verdict, = run_program.run_emulated(os.fspath(path), 2, sizes={"N": 2048}, calls=2)
+    assert not verdict.ok and "2 calls on fresh inputs" in verdict.line()
 
 
 def test_compare_calls_a_wrong_shape_a_mismatch():

@@ -39,6 +39,7 @@ class Notify:
     elsewhere reads its own copy of the signals)."""
     every_rank: bool
     slot: sympy.Expr
+    edges: tuple[str, ...] = ()  # the edges that wait on it (`file:line` and text)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ class Family:
     @property
     def count(self) -> sympy.Expr:
         return sympy.Mul(*(extent for _, extent in self.indices))
+
+    @property
+    def host_count(self) -> sympy.Expr:
+        return sympy.Mul(*self.host_extents)
 
     @property
     def slots(self) -> sympy.Expr:
@@ -189,7 +194,8 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
         notify = None
         if name in waited or family.engine.kind is ir.EngineKind.NVSHMEM:  # a put always signals
             notify = Notify(name in cross_rank, ir.RANK * _slots(family, kernel) + INSTANCE * family.split
-                            + (PART if family.split > 1 else 0))
+                            + (PART if family.split > 1 else 0),
+                            tuple(source_line(schedule, e.span) for e in schedule.edges if e.producer == name))
         families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks))
     peers = {r.tensor for f in schedule.families.values() for r in f.reads + f.writes if r.owner is not None}
     staged = set(schedule.staged_inputs())

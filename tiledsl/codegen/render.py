@@ -31,7 +31,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, slot=slot_code, comment=comment, string=string)
-    env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE)
+    env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
+                       FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env
 
 
@@ -195,10 +196,15 @@ def _break_point(line: str, width: int, opens: list[int]) -> tuple[int, list[int
     operator, the shallowest bracket first, the furthest right within it. `opens` are the columns of
     the brackets still open from the lines before."""
     opens, best = list(opens), None
-    quote = None
+    quote, parameters = None, False
     for n, char in enumerate(line[:width + 1]):
         if quote:  # never break inside a string literal
             quote = None if char == quote else quote
+            continue
+        if line.startswith("lambda ", n):
+            parameters = True  # nor between a lambda's parameters
+        elif parameters:
+            parameters = char != ":"
             continue
         if char in "'\"":
             quote = char

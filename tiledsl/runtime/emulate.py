@@ -72,6 +72,15 @@ def check_interpreter() -> None:
     check_triton_version()
 
 
+class RankError(RuntimeError):
+    """A rank failed: `kind` names the exception it raised (ScheduleTimeout, LaunchError, ...), so that
+    a caller can tell a schedule that timed out from a bug."""
+
+    def __init__(self, rank: int, kind: str, message: str, details: str = ""):
+        self.rank, self.kind, self.message = rank, kind, message
+        super().__init__(f"rank {rank}: {kind}: {message}" + (f"\n{details}" if details else ""))
+
+
 def _rank_main(fn, rank, world, arenas, barrier, results, args):
     os.environ["TRITON_INTERPRET"] = "1"
     torch.set_num_threads(1)
@@ -85,7 +94,7 @@ def _rank_main(fn, rank, world, arenas, barrier, results, args):
         results.put((rank, True, fn(heap, *args)))
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
         barrier.abort()  # free ranks stuck in a host barrier with this one
-        results.put((rank, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+        results.put((rank, False, (type(error).__name__, str(error), traceback.format_exc())))
 
 
 def run_ranks(fn, world: int, *args, timeout_s: float = 600.0) -> list:
@@ -116,15 +125,18 @@ def run_ranks(fn, world: int, *args, timeout_s: float = 600.0) -> list:
             rank, ok, value = results.get(timeout=timeout_s)
             (out.__setitem__(rank, value) if ok else failures.append((rank, value)))
     except queue.Empty:
-        failures.append((-1, f"emulated ranks did not finish within {timeout_s:.0f} s"))
+        failures.append((-1, ("TimeoutError", f"emulated ranks did not finish within {timeout_s:.0f} s", "")))
     finally:
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
     if failures:
-        rank, message = sorted(failures)[0]
-        raise RuntimeError(f"rank {rank}: {message}" if rank >= 0 else message)
+        # a rank that timed out first explains the others (they give up once they see it)
+        rank, (kind, message, details) = min(failures, key=lambda f: (f[1][0] != "ScheduleTimeout", f[0]))
+        if rank < 0:
+            raise RuntimeError(message)
+        raise RankError(rank, kind, message, details)
     return [out[r] for r in range(world)]
 
 

@@ -47,27 +47,28 @@ def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict) -
     return inputs
 
 
-def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], inputs: list[dict], calls: int,
-                   dtype_map: dict, timeout_s: float):
-    """One emulated rank: compile in the interpreter, run `calls` times on poisoned outputs."""
+def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: list[list[dict]], dtype_map: dict,
+                   timeout_s: float):
+    """One emulated rank: compile in the interpreter, then one call per input set, each on fresh inputs
+    copied into the same tensors (so later calls take the prepared path) with poisoned outputs;
+    returns every call's outputs."""
     import tiledsl
     override = {k: getattr(torch, v) for k, v in dtype_map.items()}
     program = tiledsl.compile(source, heap, emulated=True, dtype_override=override, wait_timeout_s=timeout_s,
                               **consts)
-    mine = inputs[heap.rank]
     shapes = shapes[heap.rank]
-    outputs = {}
-    for _ in range(calls):
-        args = {}
+    args = {spec.name: torch.empty(shapes[spec.name], dtype=override.get(spec.dtype, getattr(torch, spec.dtype)))
+            for spec in program.callers}
+    outputs = []
+    for inputs in calls:
         for spec in program.callers:
-            dtype = override.get(spec.dtype, getattr(torch, spec.dtype))
             if spec.role == "out":
-                args[spec.name] = torch.full(shapes[spec.name], float("nan"), dtype=dtype)  # poison
+                args[spec.name].fill_(float("nan"))  # poison: an element never written shows up
             else:
-                args[spec.name] = mine[spec.name].clone()
+                args[spec.name].copy_(inputs[heap.rank][spec.name])
         program(**args)
         # numpy arrays travel back by value; torch tensors would be shared through this process's fds
-        outputs = {s.name: args[s.name].numpy().copy() for s in program.callers if s.role in ("out", "inout")}
+        outputs.append({s.name: args[s.name].numpy().copy() for s in program.callers if s.role in ("out", "inout")})
     heap.close()
     return outputs
 
@@ -78,27 +79,32 @@ def program_schedule(source: str):
 
 def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
                  consts: dict | None = None, timeout_s: float = 20.0) -> list[Verdict]:
-    """Run a program on `world` emulated ranks and compare each output with the reference."""
+    """Run a program on `world` emulated ranks, `calls` times on fresh random inputs each, and compare
+    every call's outputs with the reference. Fresh inputs matter: a wait that let a consumer through
+    too early on a later call would otherwise read the last call's identical data and pass."""
     from tiledsl.runtime.emulate import run_ranks
     schedule = program_schedule(source)
     consts = consts or {}
     sizes = launch_sizes(schedule, world, sizes or {}, consts)
-    inputs = make_inputs(schedule, world, sizes, seed, EMULATED_DTYPES)
+    inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES) for call in range(calls)]
     reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES)
     shapes = [reference.shapes(rank) for rank in range(world)]
-    results = run_ranks(_emulated_rank, world, os.fspath(source), consts, shapes, inputs, calls, EMULATED_DTYPES,
+    results = run_ranks(_emulated_rank, world, os.fspath(source), consts, shapes, inputs, EMULATED_DTYPES,
                         timeout_s)
-    expected = reference.run(inputs)
+    expected = [reference.run(each) for each in inputs]
     verdicts = []
     for name, tensor in schedule.tensors.items():
         if tensor.role.value not in ("out", "inout"):
             continue
         dtype = EMULATED_DTYPES.get(tensor.dtype, tensor.dtype)
         note = f", world {world}, {', '.join(f'{k}={v}' for k, v in sizes.items())}"
+        if calls > 1:
+            note += f", {calls} calls on fresh inputs"
         if dtype != tensor.dtype:
             note += f"; emulated in {dtype} for {tensor.dtype}"
-        got = [torch.from_numpy(results[rank][name]) for rank in range(world)]
-        verdicts.append(compare(name, got, [expected[rank][name] for rank in range(world)], dtype, note))
+        got = [torch.from_numpy(results[rank][call][name]) for call in range(calls) for rank in range(world)]
+        want = [expected[call][rank][name] for call in range(calls) for rank in range(world)]
+        verdicts.append(compare(name, got, want, dtype, note))
     return verdicts
 
 
@@ -130,22 +136,26 @@ def launch_sizes(schedule, world: int, given: dict, consts: dict) -> dict:
 
 
 def compare(tensor: str, got: list[torch.Tensor], want: list[torch.Tensor], dtype: str, note: str = "") -> Verdict:
-    """The verdict on one output, over every rank's copy: the largest error relative to that rank's
-    largest expected magnitude, against the tolerance of `dtype`. Outputs start poisoned with NaN, so
-    a NaN is an element that nothing wrote: always a mismatch, however small the rest of the error."""
-    worst, unwritten = 0.0, 0
+    """The verdict on one output, over every rank's copy (and every call): the largest error relative to
+    that copy's largest expected magnitude, against the tolerance of `dtype`. A NaN or Inf anywhere
+    fails: outputs start poisoned with NaN, so a NaN got is an element nothing wrote, and a reference
+    that is not finite can vouch for nothing."""
+    worst, unwritten, infinite = 0.0, 0, 0
     for mine, expected in zip(got, want, strict=True):
         mine, expected = mine.double(), expected.double()
         if mine.shape != expected.shape:
             return Verdict(tensor, False, float("inf"),
                            f"{note}; shape {list(mine.shape)}, expected {list(expected.shape)}")
+        if not torch.isfinite(expected).all():
+            return Verdict(tensor, False, float("inf"), f"{note}; the reference holds NaN or Inf")
         unwritten += int(torch.isnan(mine).sum())
-        if mine.numel():
+        infinite += int(torch.isinf(mine).sum())
+        if mine.numel() and not unwritten and not infinite:
             scale = expected.abs().max().item() or 1.0
             worst = max(worst, (mine - expected).abs().max().item() / scale)
-    if unwritten:
+    if unwritten or infinite:
         worst = float("inf")
-        note += f"; {unwritten} elements never written (still NaN)"
+        note += f"; {unwritten} elements never written (still NaN)" if unwritten else f"; {infinite} elements Inf"
     return Verdict(tensor, worst <= TOLERANCE.get(dtype, 0.0), worst, note)
 
 

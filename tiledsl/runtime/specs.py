@@ -113,6 +113,7 @@ def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool) -
     return min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes)
 
 
-def ordered_instances(extents: tuple, key) -> list[int]:
+def ordered_instances(extents, key) -> list[int]:
     """Instance numbers sorted by `key(*index)`: the order a family runs its instances in."""
-    return [linear(index, extents) for index in sorted(itertools.product(*map(range, extents)), key=lambda i: key(*i))]
+    return [linear(index, tuple(extents))
+            for index in sorted(itertools.product(*map(range, extents)), key=lambda i: key(*i))]

@@ -55,6 +55,8 @@ class _Printer:
             if den == 1:
                 return self.print(num)
             if not self.kernel:
+                if self.plain(num, den):
+                    return f"({self.print(num + den - 1)[0]}) // {self.text(den, MUL)}", MUL
                 return f"-(-{self.text(num, UNARY)} // {self.text(den, MUL)})", UNARY
             if self.plain(num, den):
                 return f"tl.cdiv({self.print(num)[0]}, {self.print(den)[0]})", ATOM

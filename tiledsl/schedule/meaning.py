@@ -165,7 +165,8 @@ def order_keys(schedule: ir.Schedule, family: ir.Family) -> tuple[sympy.Expr, ..
     if grouped(schedule, family):
         i, j = indices[0], indices[1]
         keys += (sympy.floor(i / GROUP_M), j)
-    return keys + tuple(i for i in indices if i not in keys)  # an index already a key orders nothing more
+    # a key that came before orders nothing more
+    return tuple(dict.fromkeys(keys + indices))
 
 
 def ordered(schedule: ir.Schedule, family: ir.Family) -> bool:
