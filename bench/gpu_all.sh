@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
-#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants
-#                                        (default: checks gemm overlap collectives)
+#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild
+#                                        (default: checks gemm overlap collectives; rebuild compares with
+#                                        the build unpacked in .baseline/, carried to the machine)
 # Logs and JSON go to $OUT (or bench/results/); a short table is printed last. With PACK=FILE.tgz
 # they are also packed into one file after every stage (the device returns at most 8 files, and a
 # command stopped at its time limit still returns what was packed). WORLDS=4 picks the worlds run
@@ -59,6 +60,17 @@ for stage in $stages; do
         run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
+    rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
+      if [ -d .baseline/tiledsl ]; then
+        for round in 1 2; do
+          run "rebuild_before_$round" 300 env PYTHONPATH="$PWD/.baseline:${PYTHONPATH:-}" \
+            torchrun --nproc-per-node=2 bench/bench_rebuild.py --label before
+          run "rebuild_after_$round" 300 torchrun --nproc-per-node=2 bench/bench_rebuild.py --label after
+        done
+        python3 bench/bench_rebuild.py --compare before after | tee "$OUT/rebuild.txt"
+      else
+        echo "rebuild: no .baseline/ (the build to compare against: git archive COMMIT tiledsl programs)"; status=1
+      fi ;;
     variants) run gemm_variants 200 python3 bench/experiments/gemm_variants.py ;;
     *) echo "unknown stage $stage"; status=1; rows+=("$(printf '%-28s %5s' "$stage" "?")") ;;
   esac
