@@ -62,7 +62,7 @@ for stage in $stages; do
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
-        for round in 1 2; do
+        for round in $(seq 1 "${ROUNDS:-2}"); do
           run "rebuild_before_$round" 300 env PYTHONPATH="$PWD/.baseline:${PYTHONPATH:-}" \
             torchrun --nproc-per-node=2 bench/bench_rebuild.py --label before
           run "rebuild_after_$round" 300 torchrun --nproc-per-node=2 bench/bench_rebuild.py --label after
