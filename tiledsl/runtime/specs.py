@@ -100,8 +100,11 @@ def kernel_options(module) -> dict:
     products = [f.name for f in module.tds_FAMILIES if f.matmul]
     if not products:
         return {"num_warps": 4, "num_stages": 2}
-    stages = min(pipeline_stages(*descriptors[f"tds_desc_{f}_a"].block, descriptors[f"tds_desc_{f}_b"].block[1],
-                                 f"tds_desc_{f}_c" in descriptors) for f in products)
+    stages = []
+    for f in products:
+        (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block, descriptors[f"tds_desc_{f}_b"].block[1]
+        stages.append(pipeline_stages(block_m, block_n, block_k, f"tds_desc_{f}_c" in descriptors))
+    stages = min(stages)
     return {"num_warps": 8, "num_stages": max(2, stages)}
 
 

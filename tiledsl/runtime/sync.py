@@ -120,9 +120,27 @@ def copy_put(dst_ptr, src_ptr, nelems, sig_ptr, epoch, pe, peers_dst, peers_sig,
     notify(sig_ptr + tl.load(peers_sig + pe), epoch)
 
 
+@triton.jit
+def no_fence():
+    pass
+
+
+@triton.jit
+def proxy_fence():
+    """After a program's waits, before its TMA loads: those loads run in the async proxy, which an
+    acquire in the generic proxy does not order by itself (PTX memory model: data written by another
+    SM's stores or by the copy engine and flagged by a release is seen by TMA only after
+    fence.proxy.async). Being an asm with side effects, it also keeps the compiler from moving the
+    loads above the wait."""
+    tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 if EMULATED:
     put_signal = copy_put
+    fence_async = no_fence  # the interpreter runs no PTX, and has one proxy
 else:
+    fence_async = proxy_fence
     from tiledsl.runtime import nvshmem_device
 
     @triton.jit
