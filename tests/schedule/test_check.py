@@ -226,6 +226,23 @@ def test_instances_of_one_family_writing_the_same_elements_race():
     passes(source + "acc[i] after acc[i-1]\n")  # a chain orders them
 
 
+def test_a_family_with_one_instance_per_rank_at_the_smallest_sizes_is_checked_where_it_has_two():
+    """N/(world*B) is 1 at the smallest N: the checker grows N until every index has two instances."""
+    source = tds("""
+        program few
+        param N
+        const B = 64
+        in  X : f32[N]
+        out Y : f32[N]
+        tile acc[i in N/(world*B)]: Y[TARGET] = X[i*B : +B]
+        """)
+    assert passes(source.replace("TARGET", "i*B : +B")) == []
+    shared = source.replace("TARGET", "0 : +B")
+    race = the_error(shared, "race: instances of tile 'acc' both write the same elements of Y")
+    assert at(race) == where(shared, "Y[0 : +B]")
+    assert "acc[1]@rank0 and acc[0]@rank0" in race.notes[0].message
+
+
 ACCUMULATE = tds("""
     program accumulate
     param N
@@ -327,6 +344,23 @@ def test_regions_that_share_one_element_race_and_adjacent_ones_do_not():
     assert passes(source.replace("START", "B")) == []
     race = the_error(source.replace("START", "B - 1"), "race: tile 'hi' writes Y while tile 'lo' may still write it")
     assert at(race) == (7, 18)
+
+
+def test_a_region_of_size_zero_touches_no_element_and_races_with_nothing():
+    """b's region lies inside a[0]'s and has N mod B elements: none at the checked sizes, one more races."""
+    source = tds("""
+        program empty
+        param N
+        const B = 64
+        require N % B == 0
+        in  X : f32[N]
+        out Y : f32[N]
+        tile a[i in N/B]: Y[i*B : +B] = X[i*B : +B]
+        tile b[i in 1]: Y[B/2 : +(SIZE)] = X[B/2 : +(SIZE)]
+        """)
+    assert passes(source.replace("SIZE", "N mod B")) == []
+    race = the_error(source.replace("SIZE", "N mod B + 1"), "race: tile 'b' writes Y while tile 'a' may still write it")
+    assert at(race) == (8, 17)
 
 
 RELAY = tds("""
@@ -451,6 +485,11 @@ def test_a_family_waiting_on_a_later_instance_is_a_deadlock():
     assert at(the_error(CHAIN + "a[i] after a[i]\n", "deadlock: a[0] on rank 0 waits for itself")) == (7, 12)
 
 
+def test_a_family_waiting_on_itself_is_reported_once_as_a_wait_in_its_order_not_again_as_a_cycle():
+    (found,) = errors(CHAIN + "a[i] after a[i]\n")
+    assert found.message.startswith("deadlock: a[0] on rank 0 waits for itself in the order of 'a'")
+
+
 # ---- orphan waits ----------------------------------------------------------------------------------
 
 def test_off_by_one_index_map_is_an_orphan_wait():
@@ -518,19 +557,20 @@ WIDE = tds("""
     program wide
     param N
     const B = 64
-    require N >= 8 * B
+    require N > 8 * B * world
     in  X : f32[N]
-    out Y : f32[8 * B]
-    tile cp[i in 1]: Y[0 : 8*B] = X[0 : 8*B]
+    out Y : f32[N]
+    tile cp[i in 1]: Y[0 : +1] = X[8*B*world : +1]
     """)
 
 
-def test_the_checker_assumes_the_requires_and_checks_bounds_at_sizes_that_meet_them():
-    """X[0 : 8*B] fits because of the require; at the sizes it would check without it (N = 64 * world), it does not."""
+def test_the_checker_assumes_the_requires_and_checks_only_sizes_that_meet_them():
+    """X[8*B*world] exists because of the require. The sizes tried first (N = 64 * world, and with the
+    require N = 512 * world) do not meet it; checked there, the read would be out of bounds."""
     assert passes(WIDE) == []
-    error = the_error(WIDE.replace("require N >= 8 * B\n", ""), "out of bounds: dimension 0 of 'X' has size 128, "
-                                                                 "but cp[0] on rank 0 reads it up to 512")
-    assert at(error) == (6, 33)
+    error = the_error(WIDE.replace("require N > 8 * B * world\n", ""),
+                      "out of bounds: dimension 0 of 'X' has size 128, but cp[0] on rank 0 reads it from 1024")
+    assert at(error) == (6, 32)
 
 
 # ---- resident programs -----------------------------------------------------------------------------
