@@ -50,6 +50,19 @@ def test_check_prints_ok_for_each_clean_program(capsys):
     assert out.splitlines() == [f"{p}: ok" for p in programs]
 
 
+def test_check_refuses_a_program_that_races_with_the_location_and_exits_1(capsys, tmp_path):
+    """The twin of the test above: ag_gemm without its edge is refused by the checker, not the parser."""
+    path = tmp_path / "ag_gemm.tds"
+    source = Path(AG_GEMM).read_text()
+    path.write_text(source.replace("mm[i, j] after gather[(i*BM) / Ms]\n", ""))
+    line, = [n for n, text in enumerate(source.splitlines(), 1) if text.startswith("tile  mm")]
+    column = source.splitlines()[line - 1].index("A_all[") + 1
+    code, out, err = run_cli(capsys, "check", str(path))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"{path}:{line}:{column}: error: race: tile 'mm' reads A_all while chunk 'gather' may "
+                          "still write it\n")
+
+
 def test_check_renders_errors_with_location_and_exits_1(capsys, broken):
     code, out, err = run_cli(capsys, "check", broken)
     assert code == 1

@@ -42,6 +42,12 @@ def test_backslash_continues_a_statement():
     assert program.of(ast.TileDecl)[0].body[0].span.line == 7
 
 
+def test_a_line_break_without_a_backslash_ends_the_statement():
+    diagnostic, _ = first_error(HEAD + "tile mm[i in M]: \n    C[i, :] = A[i, :] @ B\n")
+    assert diagnostic.message.startswith("the line ends too early")
+    assert at(diagnostic) == (6, 18)
+
+
 def test_blanks_decide_between_peer_and_matrix_product():
     program = parse(HEAD + "tile mm[i in M]: C[i, :] = A@i[i, :] @ B\n")
     value = program.of(ast.TileDecl)[0].body[0].value

@@ -100,3 +100,14 @@ def test_a_peer_reads_the_copy_staged_at_the_call_start_not_what_its_owner_wrote
     reference = Reference(schedule("allreduce"), world=3, sizes={"N": 2})
     out = reference.run([{"X": tensor(1, 2)}, {"X": tensor(10, 20)}, {"X": tensor(100, 200)}])
     assert [out[rank]["X"].tolist() for rank in range(3)] == [[111, 222]] * 3
+
+
+def test_a_peer_reads_a_symm_tensor_as_its_owner_wrote_it_in_this_call():
+    """The twin of the test above: only caller tensors are staged. gemm_ar's red reads each rank's
+    product Q@s after its mm wrote it, so C is the sum of the products, not of Q's values at the start."""
+    a = [torch.tensor([[1, 2]], dtype=torch.float64), torch.tensor([[5, 6]], dtype=torch.float64)]
+    b = [torch.tensor([[3], [4]], dtype=torch.float64), torch.tensor([[7], [8]], dtype=torch.float64)]
+    reference = Reference(schedule("gemm_ar"), world=2, sizes={"M": 1, "K": 2, "N": 1})
+    out = reference.run([{"A": a[rank], "B": b[rank]} for rank in range(2)])
+    assert [out[rank]["Q"].tolist() for rank in range(2)] == [[[11]], [[83]]]
+    assert [out[rank]["C"].tolist() for rank in range(2)] == [[[94]], [[94]]]

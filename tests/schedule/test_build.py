@@ -199,6 +199,16 @@ def test_a_program_count_may_be_a_const_and_follows_its_value_when_built():
         run(OWN_SMS, until="plan", consts={"SMS": 132})
 
 
+def test_a_const_program_count_that_leaves_no_sm_for_the_rest_is_refused_by_the_checker():
+    """The checker counts a family's programs at its const's value: 131 leaves one SM for 'dbl', 132 none."""
+    assert run(OWN_SMS.replace("SMS = 8", "SMS = 131"), until="check").warnings == []
+    with pytest.raises(TdsError) as raised:
+        run(OWN_SMS.replace("SMS = 8", "SMS = 132"), until="check")
+    (error,) = raised.value.diagnostics
+    assert error.message == "the families ask for all 132 SMs, leaving none for 'dbl' (sms(rest))"
+    assert at(error) == (7, 23)
+
+
 def test_a_program_count_of_a_param_is_refused_with_a_hint():
     found = the_error(OWN_SMS.replace("sms(SMS)", "sms(N)"),
                       "a program count must be known at compile time; this depends on ['N']")

@@ -55,6 +55,12 @@ def line_of(source: str, text: str) -> int:
     return next(n for n, line in enumerate(source.splitlines(), 1) if text in line)
 
 
+def where(source: str, text: str) -> tuple[int, int]:
+    """The line and column of `text` on the first line that has it."""
+    line = line_of(source, text)
+    return line, source.splitlines()[line - 1].index(text) + 1
+
+
 # ---- every program ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
@@ -75,6 +81,61 @@ def test_broken_program_reports_its_expected_error(path):
     found = errors(path)
     assert any(at(d) == (line, column) and d.message.startswith(prefix) for d in found), \
         [f"{d.span.line}:{d.span.column} {d.message}" for d in found]
+
+
+# Each edge of each program, and the race the program has without it: (program, edge) -> (message, site),
+# the site being the text of the region the race is reported at.
+EDGE_RACES = {
+    ("ag_gemm", "mm[i, j] after gather"):
+        ("race: tile 'mm' reads A_all while chunk 'gather' may still write it", "A_all[i*BM"),
+    ("ag_gemm_push", "mm[i, j] after put"):
+        ("race: tile 'mm' reads A_all while chunk 'put' may still write it", "A_all[i*BM"),
+    ("allreduce_two_shot", "back[i] after red"):
+        ("race: tile 'back' reads G while tile 'red' may still write it", "G@((i*BLOCK)"),
+    ("gemm_ar", "red[i, j] after mm"): ("race: tile 'red' reads Q while tile 'mm' may still write it", "Q@s["),
+    ("gemm_rs", "red[i, j] after mm"): ("race: tile 'red' reads P while tile 'mm' may still write it", "P[s, "),
+    ("gemm_rs_ce", "send[i] after mm"):
+        ("race: chunk 'send' reads W while tile 'mm' may still write it", "W[i*BM : +BM, :]"),
+    ("gemm_rs_ce", "red[i, j] after send"):
+        ("race: tile 'red' reads P while chunk 'send' may still write it", "P[s, "),
+    ("gemm_rs_pull", "red[i, j] after mm"): ("race: tile 'red' reads W while tile 'mm' may still write it", "W@s["),
+    ("gemm_rs_push", "send[i, j] after mm"):
+        ("race: chunk 'send' reads W while tile 'mm' may still write it", "W[i*BM : +BM, j*BN : +BN] ->"),
+    ("gemm_rs_push", "red[i, j] after send"):
+        ("race: tile 'red' reads P while chunk 'send' may still write it", "P[s, "),
+}
+EDGES = [(path, line) for path in PROGRAMS for line in path.read_text().splitlines()
+         if re.match(r"\w+\[[^]]*\] after ", line)]
+
+
+@pytest.mark.parametrize("path, edge", EDGES, ids=lambda v: v.stem if isinstance(v, Path) else v.split(" after ")[0])
+def test_every_edge_of_every_program_is_needed_without_it_the_program_races(path, edge):
+    """The twin of checking every program clean: each edge is what orders the accesses it guards."""
+    key = next((k for k in EDGE_RACES if k[0] == path.stem and edge.startswith(k[1])), None)
+    assert key, f"{path.stem}: add the race that `{edge}` prevents to EDGE_RACES"
+    message, site = EDGE_RACES[key]
+    source = path.read_text().replace(edge + "\n", "")
+    race = the_error(source, message)
+    assert at(race) == where(source, site)
+    assert race.hint.startswith(f"add an edge: {edge.split(' after ')[0]} after ")
+
+
+def test_allgather_pulling_every_block_into_the_same_rows_races_between_its_chunks():
+    """allgather is safe because each pull writes its own block of Y: on one rank, two instances of one
+    chunk family writing the same rows race."""
+    source = (ROOT / "programs" / "allgather.tds").read_text().replace("-> Y[s*Ms", "-> Y[rank*Ms")
+    race = the_error(source, "race: instances of chunk 'pull' both write the same elements of Y")
+    assert at(race) == where(source, "Y[rank*Ms")
+    assert race.hint == "give each instance its own region, or chain them: add an edge: pull[s] after pull[...]"
+    assert "pull[1]@rank0 and pull[0]@rank0" in race.notes[0].message
+
+
+def test_allreduce_is_safe_only_because_peers_read_the_copy_of_x_staged_at_the_call_start():
+    """`inout X` read as X@s is read from its staged copy; a symm X is read live while its owner overwrites it."""
+    source = (ROOT / "programs" / "allreduce.tds").read_text().replace("inout X", "symm  X")
+    race = the_error(source, "race: instances of tile 'add' read and write the same elements of X")
+    assert at(race) == where(source, "X@s")
+    assert race.hint == "give each instance its own region"  # the instances are on different ranks
 
 
 # ---- races -----------------------------------------------------------------------------------------
@@ -119,6 +180,15 @@ def test_a_wait_on_an_nvshmem_put_from_its_target_rank_passes():
     assert passes((ROOT / "programs" / "ag_gemm_push.tds").read_text()) == []
 
 
+def test_ag_gemm_push_waiting_on_a_put_from_a_rank_it_does_not_write_to_would_hang():
+    """The twin of the test above: put[b] on this rank writes rank b's copy and signals only rank b."""
+    source = (ROOT / "programs" / "ag_gemm_push.tds").read_text()
+    source = source.replace("put[rank] @ ((i*BM) / Ms)", "put[(i*BM) / Ms] @ rank")
+    found = the_error(source, "deadlock: mm[2, 0] on rank 0 waits for put[1] on rank 0, an nvshmem put that "
+                              "signals only the rank it writes to (rank 1)")
+    assert at(found) == where(source, "put[(i*BM) / Ms] @ rank")
+
+
 def test_race_is_reported_once_per_family_pair():
     source = AG_GEMM.replace("mm[i, j] after gather[(i*BM) / Ms]\n", "")
     assert len([d for d in errors(source) if d.message.startswith("race")]) == 1
@@ -156,18 +226,185 @@ def test_instances_of_one_family_writing_the_same_elements_race():
     passes(source + "acc[i] after acc[i-1]\n")  # a chain orders them
 
 
-def test_reduce_add_chunks_into_one_target_do_not_race():
+def test_a_family_with_one_instance_per_rank_at_the_smallest_sizes_is_checked_where_it_has_two():
+    """N/(world*B) is 1 at the smallest N: the checker grows N until every index has two instances."""
     source = tds("""
-        program accumulate
+        program few
+        param N
+        const B = 64
+        in  X : f32[N]
+        out Y : f32[N]
+        tile acc[i in N/(world*B)]: Y[TARGET] = X[i*B : +B]
+        """)
+    assert passes(source.replace("TARGET", "i*B : +B")) == []
+    shared = source.replace("TARGET", "0 : +B")
+    race = the_error(shared, "race: instances of tile 'acc' both write the same elements of Y")
+    assert at(race) == where(shared, "Y[0 : +B]")
+    assert "acc[1]@rank0 and acc[0]@rank0" in race.notes[0].message
+
+
+ACCUMULATE = tds("""
+    program accumulate
+    param N
+    in    X : f32[N]
+    symm  S : f32[N]
+    out   Y : f32[N]
+    chunk push[s in world] on sms(2): X -> S@s[:] reduce add
+    tile  take[i in 1]: Y = S
+    take[i] after push[rank] @ every rank
+    """)
+
+
+def test_reduce_add_chunks_into_one_target_do_not_race():
+    assert passes(ACCUMULATE) == []
+
+
+@pytest.mark.parametrize("engine", ["sms(2)", "nvshmem(2)", "copy_engine"])
+def test_chunks_of_one_family_on_different_ranks_writing_one_copy_race_without_reduce_add(engine):
+    """The twin of the test above: every rank's push[s] writes all of S@s, which only `reduce add` makes safe."""
+    source = ACCUMULATE.replace(" reduce add", "").replace("on sms(2)", f"on {engine}")
+    race = the_error(source, "race: instances of chunk 'push' both write the same elements of S")
+    assert at(race) == where(source, "S@s[:]")
+    assert race.hint == "give each instance its own region"  # no chain: the instances are on different ranks
+    assert "push[0]@rank1 and push[0]@rank0" in race.notes[0].message
+
+
+def test_reduce_add_still_races_with_a_reader_or_writer_that_is_not_ordered_after_it():
+    """Only accumulations commute with each other: reading the target, or writing it plainly, needs an edge."""
+    unread = ACCUMULATE.replace("take[i] after push[rank] @ every rank\n", "")
+    race = the_error(unread, "race: tile 'take' reads S while chunk 'push' may still write it")
+    assert at(race) == (7, 25)
+    overwritten = ACCUMULATE.replace("tile  take", "chunk init[s in 1] on sms(1): X -> S[:]\ntile  take") + \
+        "take[i] after init[0]\n"
+    race = the_error(overwritten, "race: chunk 'init' writes S while chunk 'push' may still write it")
+    assert at(race) == where(overwritten, "S[:]")
+
+
+def test_two_chunk_families_writing_the_same_elements_race_until_an_edge_orders_them():
+    source = tds("""
+        program twice
         param N
         in    X : f32[N]
-        symm  S : f32[N]
+        symm  S : f32[world, N]
         out   Y : f32[N]
-        chunk push[s in world] on sms(2): X -> S@s[:] reduce add
-        tile  take[i in 1]: Y = S
-        take[i] after push[rank] @ every rank
+        chunk a[s in world] on sms(1): X -> S@s[rank, :]
+        chunk b[s in world] on copy_engine: X -> S@s[rank, :]
+        tile  take[i in 1]: Y = S[0, :]
+        take[i] after a[rank] @ every rank, b[rank] @ every rank
         """)
-    passes(source)
+    race = the_error(source, "race: chunk 'b' writes S while chunk 'a' may still write it")
+    assert at(race) == (7, 42)
+    assert race.hint == "add an edge: b[s] after a[...]"
+    assert passes(source + "b[s] after a[s]\n") == []
+
+
+def test_a_chunk_reading_what_a_chunk_on_another_rank_writes_races_without_the_edge_between_them():
+    """RING's `back` forwards what the neighbour's `fwd` wrote into this rank's T."""
+    source = RING.replace("back[s] after fwd[0] @ ((rank + world - 1) mod world)\n", "")
+    race = the_error(source, "race: chunk 'back' reads T while chunk 'fwd' may still write it")
+    assert at(race) == (8, 31)
+    assert race.hint == "add an edge: back[s] after fwd[...] @ every rank"
+    assert "back[0]@rank1 and fwd[0]@rank0" in race.notes[0].message
+
+
+ROTATE = tds("""
+    program rotate
+    param N
+    in    X : f32[N]
+    symm  S : f32[N]
+    out   Y : f32[N]
+    chunk push[s in 1] on sms(1): X -> S@(TARGET)[:]
+    tile  take[i in 1]: Y = S
+    take[i] after push[0] @ every rank
+    """)
+
+
+def test_chunks_that_write_peers_race_only_where_two_ranks_pick_the_same_target():
+    """Each rank pushes into one peer's S: safe where the ranks' targets differ, checked at worlds 2, 3
+    and 4. rank^3 mod world is one-to-one at worlds 2 and 3, so only world 4 shows the race."""
+    assert passes(ROTATE.replace("TARGET", "(rank + 1) mod world")) == []
+    race = the_error(ROTATE.replace("TARGET", "(rank * rank * rank) mod world"),
+                     "race: instances of chunk 'push' both write the same elements of S")
+    assert at(race) == (6, 36)
+    assert "push[0]@rank2 and push[0]@rank0" in race.notes[0].message and "world=4" in race.notes[0].message
+    race = the_error(ROTATE.replace("TARGET", "(rank * rank) mod world"), "race: instances of chunk 'push'")
+    assert "world=3" in race.notes[0].message
+
+
+def test_regions_that_share_one_element_race_and_adjacent_ones_do_not():
+    source = tds("""
+        program halves
+        param N
+        const B = 64
+        in  X : f32[N]
+        out Y : f32[N]
+        tile lo[i in 1]: Y[0 : +B] = X[0 : +B]
+        tile hi[i in 1]: Y[START : +B] = X[START : +B]
+        """)
+    assert passes(source.replace("START", "B")) == []
+    race = the_error(source.replace("START", "B - 1"), "race: tile 'hi' writes Y while tile 'lo' may still write it")
+    assert at(race) == (7, 18)
+
+
+def test_a_region_of_size_zero_touches_no_element_and_races_with_nothing():
+    """b's region lies inside a[0]'s and has N mod B elements: none at the checked sizes, one more races."""
+    source = tds("""
+        program empty
+        param N
+        const B = 64
+        require N % B == 0
+        in  X : f32[N]
+        out Y : f32[N]
+        tile a[i in N/B]: Y[i*B : +B] = X[i*B : +B]
+        tile b[i in 1]: Y[B/2 : +(SIZE)] = X[B/2 : +(SIZE)]
+        """)
+    assert passes(source.replace("SIZE", "N mod B")) == []
+    race = the_error(source.replace("SIZE", "N mod B + 1"), "race: tile 'b' writes Y while tile 'a' may still write it")
+    assert at(race) == (8, 17)
+
+
+RELAY = tds("""
+    program relay
+    param N
+    const B = 64
+    in    X : f32[N]
+    local T : f32[N]
+    local U : f32[N]
+    out   Y : f32[N]
+    tile a[i in N/B]: T[i*B : +B] = X[i*B : +B]
+    tile b[i in N/B]: U[i*B : +B] = 2 * X[i*B : +B]
+    tile c[i in N/B]: Y[i*B : +B] = T[i*B : +B] + U[i*B : +B]
+    b[i] after a[i]
+    c[i] after b[i]
+    """)
+
+
+def test_a_path_of_edges_through_a_family_that_does_not_touch_the_tensor_orders_its_accesses():
+    """c reads what a writes, ordered only through b; without `b after a` nothing orders them."""
+    assert passes(RELAY) == []
+    source = RELAY.replace("b[i] after a[i]\n", "")
+    race = the_error(source, "race: tile 'c' reads T while tile 'a' may still write it")
+    assert at(race) == (10, 33)
+
+
+SLOTS = tds("""
+    program slots
+    param N
+    in    X : f32[N]
+    symm  S : f32[world, N]
+    out   Y : f32[N]
+    chunk push[s in world] on sms(1): X -> S@s[rank, :]
+    tile  take[i in 1]: Y = sum(S[s, :] for s in world)
+    take[i] after push[rank] @ every rank
+    """)
+
+
+def test_a_sum_over_ranks_reads_every_slot_so_it_waits_for_every_writer():
+    assert passes(SLOTS) == []
+    source = SLOTS.replace("@ every rank", "@ 0")  # rank 1's push writes slot 1, which nothing orders
+    race = the_error(source, "race: tile 'take' reads S while chunk 'push' may still write it")
+    assert at(race) == (7, 29)
+    assert "push[0]@rank1" in race.notes[0].message
 
 
 # ---- cycles ----------------------------------------------------------------------------------------
@@ -248,6 +485,11 @@ def test_a_family_waiting_on_a_later_instance_is_a_deadlock():
     assert at(the_error(CHAIN + "a[i] after a[i]\n", "deadlock: a[0] on rank 0 waits for itself")) == (7, 12)
 
 
+def test_a_family_waiting_on_itself_is_reported_once_as_a_wait_in_its_order_not_again_as_a_cycle():
+    (found,) = errors(CHAIN + "a[i] after a[i]\n")
+    assert found.message.startswith("deadlock: a[0] on rank 0 waits for itself in the order of 'a'")
+
+
 # ---- edges that name no instance ------------------------------------------------------------------
 
 def test_off_by_one_index_map_waits_on_nothing_there_and_the_race_it_leaves_is_refused():
@@ -297,6 +539,10 @@ def test_explicit_range_past_the_end_is_out_of_bounds():
     assert "reads it up to" in error.message and "N=" in error.message and "world=" in error.message
 
 
+def test_explicit_range_that_ends_at_the_end_of_the_dimension_is_in_bounds():
+    assert passes(BLOCKS.replace("SLICE", "i*B : (i+1)*B")) == []
+
+
 def test_negative_start_is_out_of_bounds():
     error = the_error(BLOCKS.replace("SLICE", "i*B - 1 : +B"), "out of bounds: dimension 0 of 'X' has size")
     assert at(error) == (6, 43) and "reads it from -1" in error.message
@@ -321,6 +567,26 @@ def test_index_beyond_the_dimension_is_out_of_bounds():
 def test_sized_range_may_run_past_the_end_as_a_ragged_last_tile():
     passes(BLOCKS.replace("SLICE", "i*B : +B"))
     passes(BLOCKS.replace("SLICE", "i*B : +B").replace("cdiv(N, B)", "cdiv(N + 1, B)").replace("f32[N]", "f32[N + 1]"))
+
+
+WIDE = tds("""
+    program wide
+    param N
+    const B = 64
+    require N > 8 * B * world
+    in  X : f32[N]
+    out Y : f32[N]
+    tile cp[i in 1]: Y[0 : +1] = X[8*B*world : +1]
+    """)
+
+
+def test_the_checker_assumes_the_requires_and_checks_only_sizes_that_meet_them():
+    """X[8*B*world] exists because of the require. The sizes tried first (N = 64 * world, and with the
+    require N = 512 * world) do not meet it; checked there, the read would be out of bounds."""
+    assert passes(WIDE) == []
+    error = the_error(WIDE.replace("require N > 8 * B * world\n", ""),
+                      "out of bounds: dimension 0 of 'X' has size 128, but cp[0] on rank 0 reads it from 1024")
+    assert at(error) == (6, 32)
 
 
 # ---- resident programs -----------------------------------------------------------------------------
@@ -468,17 +734,26 @@ def test_check_returns_no_diagnostics_for_a_clean_schedule():
     assert check(run(AG_GEMM, until="schedule").schedule) == []
 
 
+GATHER_THEN_SCALE = tds("""
+    program gather_then_scale
+    param M, N
+    inout X : bf16[M / world, N]
+    out   Y : bf16[M, N]
+    let Ms = M / world
+    chunk pull[s in world] on copy_engine: X@s -> Y[s*Ms : +Ms, :]
+    tile  scale[i in 1]: X = X * 2
+    """)
+
+
 def test_peer_reads_of_a_caller_tensor_read_its_staged_copy_and_do_not_race_with_local_writes():
-    source = tds("""
-        program gather_then_scale
-        param M, N
-        inout X : bf16[M / world, N]
-        out   Y : bf16[M, N]
-        let Ms = M / world
-        chunk pull[s in world] on copy_engine: X@s -> Y[s*Ms : +Ms, :]
-        tile  scale[i in 1]: X = X * 2
-        """)
-    passes(source)
+    assert passes(GATHER_THEN_SCALE) == []
+
+
+def test_peer_reads_of_a_symm_tensor_read_it_live_and_race_with_its_owners_writes():
+    source = GATHER_THEN_SCALE.replace("inout X", "symm  X")
+    race = the_error(source, "race: chunk 'pull' reads X while tile 'scale' may still write it")
+    assert at(race) == (6, 40)
+    assert "pull[0]@rank0 and scale[0]@rank0" in race.notes[0].message
 
 
 def test_program_too_large_to_instantiate_is_warned_not_checked():
