@@ -61,3 +61,26 @@ def test_let_names_survive_into_the_kernel():
     text = module(ROOT / "programs" / "gemm_rs_ce.tds")
     assert "    Ms = M // world\n" in text  # the let, computed once at the top of the family that uses it
     assert "< Ms)" in text and "rank * Ms" in text
+
+
+@pytest.mark.parametrize("path", EVERY, ids=lambda p: p.stem)
+def test_one_kernel_interface_gives_the_signature_and_each_family_only_what_it_reads(path):
+    """tds_ARGS is the kernel's signature; each family's parameters are kernel arguments (or the
+    epoch the kernel hands down) and every one of them is used in the family's body."""
+    import ast
+    text = module(path)
+    tree = ast.parse(text)
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    namespace: dict = {}
+    exec(compile(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign))
+                             and (not isinstance(n, ast.Assign) or n.targets[0].id == "tds_ARGS")], []),
+                 "<module>", "exec"), namespace)
+    names = [a.name for a in namespace["tds_ARGS"]]
+    assert [a.arg for a in functions["tds_kernel"].args.args] == names
+    for name, function in functions.items():
+        if not name.startswith(("tds_tile_", "tds_chunk_")):
+            continue
+        params = [a.arg for a in function.args.args]
+        assert set(params) <= set(names) | {"tds_program", "tds_programs", "tds_epoch"}, (name, params)
+        used = {n.id for n in ast.walk(ast.Module(function.body, [])) if isinstance(n, ast.Name)}
+        assert set(params) <= used, (name, sorted(set(params) - used))

@@ -540,7 +540,24 @@ def test_explicit_range_past_the_end_is_out_of_bounds():
 
 
 def test_explicit_range_that_ends_at_the_end_of_the_dimension_is_in_bounds():
-    assert passes(BLOCKS.replace("SLICE", "i*B : (i+1)*B")) == []
+    # N / B instances: a launch condition makes B divide N, so the last range ends at the end
+    assert passes(BLOCKS.replace("SLICE", "i*B : (i+1)*B").replace("cdiv(N, B)", "N / B")) == []
+
+
+def test_explicit_range_past_the_end_at_a_size_no_tile_divides_is_out_of_bounds():
+    """Nothing makes B divide N here: the checker also tries sizes with a partial last tile."""
+    error = the_error(BLOCKS.replace("SLICE", "i*B : (i+1)*B"), "out of bounds: dimension 0 of 'X' has size")
+    assert at(error) == (6, 43) and "reads it up to" in error.message
+
+
+def test_an_instance_that_writes_nothing_may_read_past_the_end():
+    """Two-shot all-reduce at a ragged size: the last ranks' reduce tiles start past the end of X, so
+    every region they touch is clipped away and they do nothing; reading past the end in a tile that
+    writes something is still refused."""
+    two_shot = (ROOT / "programs" / "allreduce_two_shot.tds").read_text()
+    assert passes(two_shot) == []
+    shifted = BLOCKS.replace("SLICE", "i*B + B : +B")
+    assert the_error(shifted, "out of bounds: dimension 0 of 'X' has size")
 
 
 def test_negative_start_is_out_of_bounds():

@@ -141,6 +141,24 @@ class Barrier:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """Until the producer's slot `slot` holds this call's epoch, for every value of `loops` (`*`
+    indices, every rank, the producer's parts), where `exists` holds. A statement like any other, so
+    that a wait can sit inside a loop of the body (one per step of a loop over chunks)."""
+    edge: int
+    where: str                                          # `file:line` and the edge's text
+    producer: str
+    loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
+    slot: sympy.Expr
+    exists: sympy.Expr                                  # sympy.true where the instance always exists
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Between waits and the TMA loads that read what they acquired (sync.fence_async)."""
+
+
+@dataclass(frozen=True)
 class Copy:
     """An SM chunk: part `tds_part` of `split` of the region, in blocks of `block` (rows, or rows and
     columns), loaded from `source` and stored (added, with `reduce`) into `target`. The places' kept
@@ -170,7 +188,8 @@ class Put:
     split: int
 
 
-Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Copy, Put]
+Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Copy,
+                  Put]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------

@@ -29,10 +29,6 @@ def _family(f, arguments) -> list[str]:
         out.append("  lets: " + ", ".join(f"{s} = {v}" for s, v in f.lets))
     if f.on_sms:
         out.append(f"  receives: {', '.join(arguments)}")
-    for w in f.waits:
-        loops = "".join(f" for {v} < {e}" for v, e in w.loops)
-        guard = "" if w.exists == sympy.true else f" if {w.exists}"
-        out.append(f"  wait edge {w.edge} ({w.where}): sig_{w.producer}[{w.slot}]{loops}{guard}")
     if f.host is not None:
         for w in f.host.waits:
             out.append(f"  stream waits (edge {w.edge}): count_{w.producer}[{w.row}] reaches {w.count}")
@@ -88,6 +84,12 @@ def _statements(statements, depth: int = 0) -> list[str]:
             out.append(f"{pad}store {_place(s.place)} = {_operand(s.value)}")
         elif isinstance(s, body.Barrier):
             out.append(f"{pad}barrier")
+        elif isinstance(s, body.Wait):
+            loops = "".join(f" for {v} < {e}" for v, e in s.loops)
+            guard = "" if s.exists == sympy.true else f" if {s.exists}"
+            out.append(f"{pad}wait edge {s.edge} ({s.where}): sig_{s.producer}[{s.slot}]{loops}{guard}")
+        elif isinstance(s, body.Fence):
+            out.append(f"{pad}proxy fence (TMA loads follow)")
         elif isinstance(s, body.Copy):
             kind = "add" if s.reduce else "copy"
             out.append(f"{pad}{kind} {_place(s.source)} -> {_place(s.target)} ({s.rows} rows"

@@ -103,7 +103,7 @@ def _exprs(value):
 
 def symbols_of(family) -> set[sympy.Symbol]:
     """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
-    parts = (family.indices, family.waits, family.body, family.notify, family.count_row)
+    parts = (family.indices, family.body, family.notify, family.count_row)
     found = set().union(*(e.free_symbols for e in _exprs(parts)))
     return found - _local_symbols(family)
 

@@ -16,21 +16,9 @@ from dataclasses import dataclass, field
 import sympy
 
 import tiledsl
-from tiledsl.codegen.body import LoweringError, Product, Statement, chunk_body, tile_body
+from tiledsl.codegen.body import Fence, LoweringError, Product, Statement, Wait, chunk_body, tile_body
 from tiledsl.codegen.interface import KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Before an instance starts: until the producer's slot `slot` holds this call's epoch, for every
-    value of `loops` (`*` indices, every rank, the producer's parts), where `exists` holds."""
-    edge: int
-    where: str                                          # `file:line` and the edge's text
-    producer: str
-    loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
-    slot: sympy.Expr
-    exists: sympy.Expr                                  # sympy.true where the instance always exists
 
 
 @dataclass(frozen=True)
@@ -79,8 +67,7 @@ class Family:
     programs: int | None                                 # a fixed program count; None: the shared rest
     order: tuple[sympy.Expr, ...] | None                 # host: what it runs by; None: instance number order
     flatten: bool                # the persistent loop and the K loop are one pipeline
-    waits: tuple[Wait, ...]
-    body: tuple[Statement, ...]
+    body: tuple[Statement, ...]  # its waits first, then what it computes
     notify: Notify | None
     count_row: sympy.Expr | None  # after each instance, one more in this row's count (copy engine waits)
     host: HostCopy | None
@@ -101,6 +88,11 @@ class Family:
     def slots(self) -> sympy.Expr:
         """Signal slots per writer rank."""
         return self.count * self.split
+
+    @property
+    def waits(self) -> tuple[Wait, ...]:
+        from tiledsl.codegen.interface import walk
+        return tuple(s for s in walk(self.body) if isinstance(s, Wait))
 
     @property
     def on_sms(self) -> bool:
@@ -223,6 +215,8 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
     elif on_sms:
         body = (chunk_body(schedule, family, kernel),)
     waits = tuple(_waits(schedule, family, kernel)) if on_sms else ()
+    # a product's TMA loads read what its waits acquired, through another proxy: a fence between them
+    body = waits + ((Fence(),) if waits and product is not None else ()) + body
     # Flattening lets the pipeliner issue the next tile's TMA loads before that tile's wait: only a
     # product that waits on nothing may be flattened (seen on H200: stale rows of A_all otherwise). A
     # count in a flattened loop, or a chunk's copy loop in the same kernel, stops Triton 3.6-3.9 from
@@ -235,8 +229,7 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
         indices=tuple((s, kernel(e)) for s, e in family.indices),
         host_extents=tuple(e for _, e in family.indices), split=family.split,
         programs=family.engine.count(consts),
-        order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, waits=waits,
-        body=body, notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
+        order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, body=body, notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
         host=None if on_sms else _host_copy(schedule, family), product=product, tma_target=tma_target,
         blocks=blocks)
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})

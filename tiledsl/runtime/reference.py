@@ -60,24 +60,38 @@ class Reference:
             self.run_instance(family, env, instance.rank)
         return state
 
-    def view(self, region: ir.Region, env: dict, rank: int) -> torch.Tensor:
+    def view(self, region: ir.Region, env: dict, rank: int, pad: bool = False) -> torch.Tensor:
+        """The region's elements that exist (a `+n` slice is clipped at the end of its dimension), or
+        with `pad`, the region at its written size with 0 past the end: what a tile's masked load
+        reads."""
         owner = rank if region.owner is None else evaluate(region.owner, env)
         if region.owner is not None and region.tensor in self.staged[owner]:
             tensor = self.staged[owner][region.tensor]
         else:
             tensor = self.state[owner][region.tensor]
-        index = []
+        index, sizes = [], []
         for dim in region.dims:
             start = evaluate(dim.start, env)
-            index.append(start if not dim.kept else slice(start, start + evaluate(dim.size, env)))
-        return tensor[tuple(index)]
+            if dim.kept:
+                sizes.append(evaluate(dim.size, env))
+                index.append(slice(start, start + sizes[-1]))
+            else:
+                index.append(start)
+        view = tensor[tuple(index)]
+        if not pad or tuple(view.shape) == tuple(sizes):
+            return view
+        padded = torch.zeros(sizes, dtype=view.dtype)
+        padded[tuple(slice(0, n) for n in view.shape)] = view
+        return padded
 
     def run_instance(self, family: ir.Family, env: dict, rank: int) -> None:
         if family.kind is ir.Kind.CHUNK:
+            # a chunk moves the elements that exist in both its source and its target
             source = self.view(family.reads[0], env, rank)
             target = self.view(family.writes[0], env, rank)
-            value = source.clone()
-            target.copy_(target + value if family.reduce else value)
+            common = tuple(slice(0, min(a, b)) for a, b in zip(source.shape, target.shape))
+            value = source[common].clone()
+            target[common].copy_(target[common] + value if family.reduce else value)
             return
         for store in family.stores:
             target = self.view(store.target, env, rank)
@@ -94,7 +108,7 @@ class Reference:
             number = value.value if isinstance(value.value, (int, float)) else evaluate(value.value, env)
             return torch.tensor(float(number), dtype=torch.float64)
         if isinstance(value, ir.Load):
-            return self.view(value.region, env, rank)
+            return self.view(value.region, env, rank, pad=True)  # past the end reads as 0, as in the kernel
         if isinstance(value, ir.MatMul):
             return self.value(value.left, env, rank) @ self.value(value.right, env, rank)
         if isinstance(value, ir.Reduce):

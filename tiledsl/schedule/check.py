@@ -15,7 +15,8 @@ from collections import defaultdict
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races
-from tiledsl.schedule.meaning import Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate
+from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
+                                     ragged_sizes)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -36,15 +37,18 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     unchecked = []
     for world in WORLDS:
         try:
-            concrete = instantiate(schedule, world, default_sizes(schedule, world))
+            # sizes the tiles divide, and sizes where last tiles are partial
+            at_sizes = [default_sizes(schedule, world), ragged_sizes(schedule, world)]
+            concretes = [instantiate(schedule, world, sizes) for sizes in at_sizes if sizes is not None]
         except ValueError as why:
             unchecked.append(str(why))  # the launch conditions exclude this world, say
             continue
         except ArithmeticError as why:
             unchecked.append(f"{why} at world {world}")  # a size divides by `rank`, say
             continue
-        for key, diagnostic in _concrete_findings(concrete):
-            found.setdefault(key, diagnostic)
+        for concrete in concretes:
+            for key, diagnostic in _concrete_findings(concrete):
+                found.setdefault(key, diagnostic)
     if cyclic is not None and not any(key[0] in ("cycle", "self") for key in found):
         key, diagnostic = _family_cycle(schedule, cyclic)
         found[key] = diagnostic
@@ -184,9 +188,14 @@ def _slices(program: ast.Program) -> dict[ast.Span, tuple]:
 def _bounds(concrete: Concrete):
     schedule = concrete.schedule
     slices = _slices(schedule.program)
+    idle = _writing_nothing(concrete)
     for access in concrete.accesses:
         pieces = slices.get(access.region.span, ())
         shape = concrete.shapes[access.region.tensor]
+        if any(stop <= last for _, last, stop in access.reach):
+            continue  # a region of size 0 touches nothing, wherever it starts
+        if access.instance in idle and all(first >= 0 for first, _, _ in access.reach):
+            continue  # an instance that writes nothing does nothing: what it would read does not matter
         for dim, ((first, last, stop), extent) in enumerate(zip(access.reach, shape)):
             piece = pieces[dim] if dim < len(pieces) else None
             if isinstance(piece, ast.Range) and piece.start is None and piece.stop is None and piece.size is None:
@@ -211,6 +220,19 @@ def _bounds(concrete: Concrete):
                      "`a : b` and indices may not",
                 witness=OutOfBounds(where(concrete), point(instance), access.region.tensor, dim, value, extent,
                                     stop=value == stop and first >= 0 and last < extent))
+
+
+def _writing_nothing(concrete: Concrete) -> set[int]:
+    """Instances every write of which is a `+n` slice clipped away whole (it starts past the end of
+    a dimension): the last ranks' share of a ragged size, say. They do nothing, in the kernel (every
+    store masked) and in the reference (empty views) alike."""
+    writes: dict[int, list] = {}
+    for access in concrete.accesses:
+        if access.write:
+            writes.setdefault(access.instance, []).append(access)
+    return {instance for instance, accesses in writes.items()
+            if all(any(first >= extent for (first, _, _), extent in zip(a.reach, concrete.shapes[a.region.tensor]))
+                   for a in accesses)}
 
 
 # ---- waits ---------------------------------------------------------------------------------------

@@ -92,6 +92,24 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     return fallback
 
 
+def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES) -> dict[str, int] | None:
+    """`default_sizes` with every param that no launch condition constrains moved off the multiples of
+    the consts (p + 1 + n for the n-th such param), so that last tiles are partial and sizes differ
+    from one another: the checker proves the schedule there too. None where nothing can move or the
+    result breaks a condition or the instance bound."""
+    sizes = default_sizes(schedule, world, max_instances)
+    bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
+    free = [p for p in schedule.params if p not in bound]
+    if not free:
+        return None
+    ragged = {**sizes, **{p: sizes[p] + 1 + n for n, p in enumerate(free)}}
+    if not _conditions_hold(schedule, world, ragged):
+        return None
+    total = sum(math.prod(_extents(schedule, family, world, ragged, rank))
+                for family in schedule.families.values() for rank in range(world))
+    return ragged if total <= max_instances else None
+
+
 def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> tuple[int, ...]:
     missing = [p for p in schedule.params if p not in sizes]
     if missing:
