@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import Copy, Load, Loop, Place, Product, Put, Store, TmaStore, Zeros
+from tiledsl.codegen.body import Copy, Fetch, If, Load, Loop, Place, Product, Put, Report, Scan, Store, TmaStore, Zeros
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -76,17 +76,20 @@ def interface_of(plan) -> KernelInterface:
 def walk(statements):
     for s in statements:
         yield s
-        if isinstance(s, Loop):
+        if isinstance(s, (Loop, If)):
             yield from walk(s.body)
 
 
-def _local_symbols(family) -> set[sympy.Symbol]:
-    """Symbols a family binds itself: its indices, instance and part, its loops' variables."""
+def _local_symbols(family) -> set[str]:
+    """Names a family binds itself: its indices, instance and part, its loops' variables, the device
+    values it fetches and the blocks it computes."""
     from tiledsl.codegen.plan import INSTANCE, PART
     bound = {s for s, _ in family.indices} | {INSTANCE, PART}
     bound |= {var for w in family.waits for var, _ in w.loops}
     bound |= {s.var for s in walk(family.body) if isinstance(s, Loop)}
-    return bound
+    bound |= {e for s in walk(family.body) if isinstance(s, Fetch) for e in (s.name, s.exists) if e is not None}
+    names = {s.name for s in bound}
+    return names | {s.name for s in walk(family.body) if isinstance(getattr(s, "name", None), str)}
 
 
 def _exprs(value):
@@ -105,7 +108,8 @@ def symbols_of(family) -> set[sympy.Symbol]:
     """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
     parts = (family.indices, family.body, family.notify, family.count_row)
     found = set().union(*(e.free_symbols for e in _exprs(parts)))
-    return found - _local_symbols(family)
+    local = _local_symbols(family)
+    return {s for s in found if s.name not in local}
 
 
 def _needs(family, plan) -> set[str]:
@@ -136,6 +140,18 @@ def _needs(family, plan) -> set[str]:
             names.update({f"tds_desc_{family.name}_c", s.tensor})
         elif isinstance(s, Zeros):
             names.update(b for b in s.blocks if isinstance(b, str))
+        elif isinstance(s, Fetch):
+            place(s.place)
+            if s.cap is not None:
+                names.update({"tds_diag", "rank"})
+        elif isinstance(s, Report):
+            place(s.element)
+            names.update({"tds_diag", "rank"})
+        elif isinstance(s, Scan):
+            for p in (s.source, s.arrival, s.histogram):
+                if p is not None:
+                    place(p)
+            names.update({s.groups, "tds_diag", "rank"})
     if family.waits:
         names.update({EPOCH, "tds_diag", "tds_max_spins", "rank"})
         names.update(f"tds_sig_{w.producer}" for w in family.waits)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import sympy
 
 import tiledsl
-from tiledsl.codegen.body import Fence, LoweringError, Product, Statement, Wait, chunk_body, tile_body
+from tiledsl.codegen.body import Fence, If, LoweringError, Product, Statement, Wait, chunk_body, tile_body
+from tiledsl.codegen.device import DeviceValues, GuardSite, Sites
 from tiledsl.codegen.interface import KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
 
@@ -137,6 +138,7 @@ class KernelPlan:
     uses_nvshmem: bool
     edges: tuple[str, ...]                                 # edge texts by number, for error messages
     interface: KernelInterface = field(default=None)
+    guards: tuple[GuardSite, ...] = ()                     # what each guard site reports (codegen/device.py)
 
     @property
     def kernel_families(self) -> tuple[Family, ...]:
@@ -181,6 +183,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
     sm_chunks = any(f.kind is ir.Kind.CHUNK and f.engine.kind is not ir.EngineKind.COPY_ENGINE
                     for f in schedule.families.values())
     families = []
+    sites = Sites(schedule)
     for name in meaning.family_sequence(schedule):
         family = schedule.families[name]
         notify = None
@@ -188,7 +191,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
             notify = Notify(name in cross_rank, ir.RANK * _slots(family, kernel) + INSTANCE * family.split
                             + (PART if family.split > 1 else 0),
                             tuple(source_line(schedule, e.span) for e in schedule.edges if e.producer == name))
-        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks))
+        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, sites))
     peers = {r.tensor for f in schedule.families.values() for r in f.reads + f.writes if r.owner is not None}
     staged = set(schedule.staged_inputs())
     tensors = tuple(Tensor(t.name, t.role.value, t.dtype, t.shape, t.name in peers, t.name in staged,
@@ -200,20 +203,21 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
         families=tuple(families), param_sources=param_sources(schedule), conditions=conditions(schedule),
         distributed=bool(peers) or bool(cross_rank),
         uses_nvshmem=any(f.engine == "nvshmem" for f in families),
-        edges=tuple(source_line(schedule, e.span) for e in schedule.edges))
+        edges=tuple(source_line(schedule, e.span) for e in schedule.edges), guards=tuple(sites.sites))
     return KernelPlan(**{**plan.__dict__, "interface": interface_of(plan)})
 
 
-def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, sm_chunks: bool) -> Family:
+def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, sm_chunks: bool, sites) -> Family:
     on_sms = family.engine.kind is not ir.EngineKind.COPY_ENGINE
     product = tma_target = None
     body: tuple = ()
     blocks: tuple = ()
     if family.kind is ir.Kind.TILE:
-        tile = tile_body(schedule, family, consts, kernel)
+        tile = tile_body(schedule, family, consts, kernel, sites)
         body, product, tma_target, blocks = tile.statements, tile.product, tile.tma_target, tile.blocks
+        body = _past_valid(schedule, family, kernel, sites, body)
     elif on_sms:
-        body = (chunk_body(schedule, family, kernel),)
+        body = chunk_body(schedule, family, kernel, sites)
     waits = tuple(_waits(schedule, family, kernel)) if on_sms else ()
     # a product's TMA loads read what its waits acquired, through another proxy: a fence between them
     body = waits + ((Fence(),) if waits and product is not None else ()) + body
@@ -235,6 +239,20 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
 
 
+def _past_valid(schedule, family: ir.Family, kernel, sites, body: tuple) -> tuple:
+    """A tile whose writes may all lie past the valid rows of a tensor declared `upto` a count runs its
+    body only where they do not (meaning.runs_when), after fetching the counts."""
+    condition = meaning.runs_when(schedule, family)
+    if condition is sympy.true:
+        return body
+    fetches: list = []
+    names: list[str] = []
+    values = DeviceValues(schedule, kernel, sites, lambda hint: names.append(f"tds_valid_{hint}{len(names) or ''}")
+                          or names[-1], consts={})
+    condition = values.read(kernel(condition), fetches)
+    return (*fetches, If(condition, body))
+
+
 def _slots(family: ir.Family, kernel) -> sympy.Expr:
     return kernel(sympy.Mul(*(e for _, e in family.indices))) * family.split
 
@@ -248,7 +266,8 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel):
         loops, index = [], []
         for mapped, (symbol, extent) in zip(target.index, producer.indices):
             if mapped is None:
-                var = ir.index_symbol(f"tds_{symbol.name}")
+                # not a name the family's own loop uses (an index named t would be tds_t, its loop's)
+                var = ir.index_symbol(f"tds_{symbol.name}" + ("_" if symbol.name in ("t", "inst", "part") else ""))
                 loops.append((var, kernel(extent)))
                 index.append(var)
             else:

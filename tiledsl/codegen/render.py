@@ -30,7 +30,7 @@ def _environment() -> jinja2.Environment:
     # repr() quotes every user-derived string, so a path or message can never become code
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
-                       always=always, slot=slot_code, comment=comment, string=string)
+                       always=always, slot=slot_code, comment=comment, string=string, bad=bad)
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
                        FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env
@@ -95,7 +95,7 @@ def body_walk(statements):
 def offset(place: body.Place, axis_names=None) -> str:
     """The element offset of a place's block from its base, dimension by dimension: the start (plus
     the block's arange along its axis) times the stride."""
-    axis_names = axis_names or AXES[place.axes]
+    axis_names = axis_names or AXES.get(place.axes, ())
     terms = []
     for dim in place.dims:
         if dim.axis is None:
@@ -113,7 +113,7 @@ def mask(places, axis_names=None) -> str:
     """Which elements of the block exist: inside the tensor(s), and inside the region where the block is
     larger than it."""
     places = places if isinstance(places, (list, tuple)) else [places]
-    axis_names = axis_names or AXES[places[0].axes]
+    axis_names = axis_names or AXES.get(places[0].axes, ())
     parts = []
     for dim in (d for place in places for d in place.dims):
         if dim.axis is None:
@@ -121,6 +121,8 @@ def mask(places, axis_names=None) -> str:
         if dim.clip is not None:
             parts.append(f"({axis_names[dim.axis]} < {kernel_code(dim.clip)})")
         parts.append(f"({_index(dim, axis_names)} < {kernel_code(dim.bound)})")
+    for place in places:  # a gathered row whose index is missing or out of range is no row
+        parts += [kernel_code(c) if isinstance(c, sympy.Symbol) else f"({kernel_code(c)})" for c in place.valid]
     return " & ".join(dict.fromkeys(parts)) if parts else "None"
 
 
@@ -136,6 +138,14 @@ def base(place_or_tensor, owner=None) -> str:
     if owner is None:
         return place_or_tensor
     return f"{place_or_tensor} + tl.load(tds_peers_{place_or_tensor} + {kernel_code(owner)})"
+
+
+def bad(report: body.Report) -> str:
+    """Where a report's condition holds, within its place's mask."""
+    text = f"({kernel_code(report.bad)})"
+    if report.within is not None and mask(report.within) != "None":
+        text += f" & {mask(report.within)}"
+    return text
 
 
 def operand(value) -> str:

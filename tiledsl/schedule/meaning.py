@@ -15,11 +15,23 @@ rank runs them, or what an edge waits for.
   emulator's; a GPU runs a subset of those orders concurrently, so it cannot deadlock if this does not.
 - **Race**: two overlapping accesses to one rank's copy of a tensor, at least one a write, that no path
   of waits orders (program order does not count: a family's instances run on many programs at once).
+- **Device values**: a size or index may read a tensor element on the device (`+got[e, s]`,
+  `send[ids[t*BT : +BT, k], slot[...], :]`); no size ever reaches the host. Instances and waits never
+  depend on them; the regions are proved **at capacity**: a size reading a `cap`ped count at its cap
+  (sizes only grow with counts), a point or rank read through a gathered index anywhere in its
+  dimension. So every region a call can touch lies inside the one proved. Writes through an id and
+  its `arrival` (the same elements of both) never write one place twice, so two such writes whose
+  index elements differ do not race. At run time an index outside its dimension skips its row, and a
+  count above its cap is stored as the cap; both raise an error after the call (CapacityExceeded,
+  IndexOutOfRange), in the kernel and the reference alike.
+- **Valid rows**: past `upto count`, a tensor's elements are unspecified; an instance whose writes all
+  fall there does nothing (kernel and reference skip it), and results there are not compared.
 
 Expressions are compiled once to Python lambdas with integer semantics (`//`, `%`): exact divisions
 stay exact and `floor`/`cdiv` of indices floor, as they do in the generated kernels."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -249,6 +261,9 @@ class Access:
     hi: tuple[int, ...]
     # before clipping, per dimension: (smallest start, largest start, largest stop) over the loop variables
     reach: tuple[tuple[int, int, int], ...]
+    # a write through an id and its arrival: (the arrival instance that routed those ids, the box of
+    # index elements read); two such writes with one arrival and disjoint boxes never meet
+    through: tuple | None = None
 
     @property
     def empty(self) -> bool:
@@ -350,6 +365,7 @@ def instantiate(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> Con
         _family_instances(done, family, values)
     for family in schedule.families.values():
         _family_accesses(done, family, values)
+    _resolve_through(done)
     for number, edge in enumerate(schedule.edges):
         _edge_waits(done, number, edge, values)
     return done
@@ -369,14 +385,63 @@ def _family_instances(done: Concrete, family: ir.Family, values: tuple) -> None:
         done.extents[family.name].append(extents)
 
 
+def ragged_count(tensors: dict, region: ir.Region):
+    """For a write into a tensor valid `upto` a count, with points before the ragged dimension and a
+    range there: (the count's element, the range's start). None for any other region."""
+    tensor = tensors[region.tensor]
+    if tensor.upto is None or region.rows is not None:
+        return None
+    prefix = len(tensors[tensor.upto].shape)
+    before, ragged = region.dims[:prefix], region.dims[prefix]
+    if any(d.kept for d in before) or not ragged.kept:
+        return None
+    owner = region.owner if region.owner is not None else ir.RANK
+    return ir.element(tensor.upto)(owner, *(d.start for d in before)), ragged.start
+
+
+def runs_when(schedule: ir.Schedule, family: ir.Family):
+    """When a tile instance does anything: not where each of its writes starts past the valid rows of
+    a tensor declared `upto` a count (those elements are unspecified). sympy.true for every other family."""
+    if family.kind is not ir.Kind.TILE:
+        return sympy.true
+    found = [ragged_count(schedule.tensors, r) for r in family.writes]
+    if not found or None in found:
+        return sympy.true
+    return sympy.Or(*(sympy.Lt(start, count) for count, start in found))
+
+
+ANY_RANK = ir.index_symbol("tds_any_rank")  # a rank read through a device value: each of them
+
+
+def at_capacity(schedule: ir.Schedule, region: ir.Region) -> tuple[sympy.Expr | None, tuple[tuple, ...]]:
+    """The region's owner and (start, size) per dimension with no device value left: every size at its
+    counts' caps, a point read through a device value the whole dimension, such a rank ANY_RANK."""
+    caps = {}
+    for value in ir.device_values(region.owner) | {v for d in region.dims for v in ir.device_values(d.size)}:
+        caps[value] = schedule.tensors[ir.value_tensor(value)].cap
+    owner = region.owner
+    if owner is not None and ir.device_values(owner):
+        owner = ANY_RANK
+    shape = schedule.tensors[region.tensor].shape
+    dims = []
+    for n, dim in enumerate(region.dims):
+        if ir.device_values(dim.start):
+            dims.append((sympy.Integer(0), shape[n]))
+        else:
+            dims.append((dim.start, dim.size.subs(caps) if caps else dim.size))
+    return owner, tuple(dims)
+
+
 def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
-    loops = [s for s, _ in family.loops]
+    loops = [s for s, _ in family.loops] + [ANY_RANK]
     symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *loops)
-    loop_extents = compile_exprs(tuple(e for _, e in family.loops), (*size_symbols(done.schedule), ir.RANK))
+    loop_extents = compile_exprs(tuple(e for _, e in family.loops) + (ir.WORLD,),
+                                 (*size_symbols(done.schedule), ir.RANK))
     regions = [(r, False) for r in family.reads] + [(r, True) for r in family.writes]
+    keyed = _keyed_writes(done.schedule, family)
     for region, write in regions:
-        exprs = (region.owner if region.owner is not None else ir.RANK,
-                 *(e for d in region.dims for e in (d.start, d.size)))
+        owner, dims = at_capacity(done.schedule, region)
+        exprs = (owner if owner is not None else ir.RANK, *(e for d in dims for e in d))
         evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
         mentioned = set().union(*(sympy.sympify(e).free_symbols for e in exprs))
         shape = done.shapes[region.tensor]
@@ -389,17 +454,79 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                 for loop_values in itertools.product(*looped):
                     owner, *dims = evaluate(rank, *index, *loop_values)
                     by_copy.setdefault(owner, []).append(dims)
+                # resolved once every family's accesses are known (`_resolve_through`)
+                through = (keyed[region], rank, index) if write and region in keyed else None
                 for copy, points in by_copy.items():
-                    done.accesses.append(_box(position, region, write, copy, points, shape))
+                    done.accesses.append(_box(position, region, write, copy, points, shape, through))
 
 
-def _box(position, region, write, copy, points, shape) -> Access:
+def _keyed_writes(schedule: ir.Schedule, family: ir.Family) -> dict:
+    """For each gathered write of `family` through an id and its arrival (two point dimensions indexed by
+    ids[x] and slot[x] for the same elements x, where a tile stored slot = arrival(ids)), a function of
+    (concrete, rank, instance index) giving its `through` key, or None where no one arrival routed all
+    the elements it reads."""
+    arrivals = {(s.value.source.tensor, s.target.tensor): name for name, f in schedule.families.items()
+                for s in f.stores if isinstance(s.value, ir.Route) and s.value.func == "arrival"}
+    indices = {s for s, _ in family.indices}
+    found = {}
+    for region in family.writes:
+        if region.rows is None:
+            continue
+        by_args = {}
+        for dim in region.dims:
+            for value in ir.device_values(dim.start):
+                rest = dim.start - value
+                if not ir.device_values(rest) and not rest.free_symbols & (indices | {ir.ROW}):
+                    by_args.setdefault(value.args, []).append(ir.value_tensor(value))
+        for args, tensors in by_args.items():
+            pair = next(((a, b) for a in tensors for b in tensors if (a, b) in arrivals), None)
+            if pair is not None and args[0] == ir.RANK:
+                index_region = next(r for r in family.reads if r.tensor == pair[0] and r.rows is None
+                                    and _reads_args(r, args))
+                found[region] = functools.partial(_through, arrivals[pair], pair[1], index_region, family)
+                break
+    return found
+
+
+def _resolve_through(done: "Concrete") -> None:
+    for n, access in enumerate(done.accesses):
+        if access.through is not None:
+            find, rank, index = access.through
+            done.accesses[n] = dataclasses.replace(access, through=find(done, rank, index))
+
+
+def _reads_args(region: ir.Region, args) -> bool:
+    """Whether `region` is the index region whose elements args (owner, *index over ROW) read."""
+    kept = [d for d in region.dims if d.kept]
+    return len(region.dims) == len(args) - 1 and len(kept) == 1 and all(
+        sympy.simplify(a - (d.start + ir.ROW if d.kept else d.start)) == 0 for a, d in zip(args[1:], region.dims))
+
+
+def _through(router: str, slot: str, index_region: ir.Region, family: ir.Family, done: "Concrete", rank: int,
+             index: tuple) -> tuple | None:
+    """The arrival instance of `router` on `rank` whose slot store covers this instance's index box."""
+    owner, dims = at_capacity(done.schedule, index_region)
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices))
+    values = _size_values(done.schedule, done.world, done.sizes)
+    evaluated = compile_exprs(tuple(e for d in dims for e in d), symbols)(*values, rank, *index)
+    shape = done.shapes[index_region.tensor]
+    lo = tuple(max(0, a) for a in evaluated[0::2])
+    hi = tuple(min(n, a + b) for n, a, b in zip(shape, evaluated[0::2], evaluated[1::2]))
+    for access in done.accesses:
+        if access.write and access.region.tensor == slot and access.copy == rank and \
+                done.instances[access.instance].family == router and \
+                all(a <= b and c <= d for a, b, c, d in zip(access.lo, lo, hi, access.hi)):
+            return access.instance, lo, hi
+    return None
+
+
+def _box(position, region, write, copy, points, shape, through=None) -> Access:
     """The hull of a region over its loop variables' values, on one copy."""
     if len(points) == 1:
         starts = points[0][0::2]
         stops = [a + n for a, n in zip(starts, points[0][1::2])]
         return Access(position, region, write, copy, tuple(max(0, a) for a in starts),
-                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)))
+                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)), through)
     reach, lo, hi = [], [], []
     for n, extent in enumerate(shape):
         starts = [p[2 * n] for p in points]
@@ -407,7 +534,7 @@ def _box(position, region, write, copy, points, shape) -> Access:
         reach.append((min(starts), max(starts), max(stops)))
         lo.append(max(0, min(starts)))
         hi.append(min(extent, max(stops)))
-    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach))
+    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach), through)
 
 
 def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> None:
