@@ -141,6 +141,7 @@ class TmaStore:
     col: sympy.Expr
     value: str
     at: tuple[sympy.Expr, ...] = ()  # points of the leading dimensions of an N-D target
+    block: tuple[int, int] = ()      # the stored block's rows and columns (an N-D target's store reshapes)
 
 
 @dataclass(frozen=True)
@@ -224,9 +225,9 @@ class Report:
 @dataclass(frozen=True)
 class Scan:
     """histogram() and arrival() of a region of ids (`count` elements, `cols` to a row where it has two
-    axes) into `bins` groups, `step` elements at a time: `groups` names the launch-time power of two
-    that covers the bins. Ids outside 0..bins-1 are reported at `site` and counted nowhere; counts above
-    the histogram's cap at `cap_site`."""
+    axes) into `bins` groups, `step` elements at a time, `groups` of them a pass (a launch-time power of
+    two: one pass where the bins are few). Ids outside 0..bins-1 are reported at `site` and counted
+    nowhere; counts above the histogram's cap at `cap_site`."""
     source: Place
     count: sympy.Expr
     cols: sympy.Expr | None
@@ -309,7 +310,8 @@ class _Tile:
             if self.product is not None and self.tma_store(store.target):
                 *points, rows, cols = store.target.dims
                 out.append(TmaStore(self.family.name, store.target.tensor, self.k(rows.start),
-                                    self.k(cols.start), value, tuple(self.k(d.start) for d in points)))
+                                    self.k(cols.start), value, tuple(self.k(d.start) for d in points),
+                                    (self.product.block_m, self.product.block_n)))
                 tma_target = store.target.tensor
                 continue
             place = self.place(store.target, out)

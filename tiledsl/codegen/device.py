@@ -129,7 +129,8 @@ def capacity_report(tile, place: Place, value, cap) -> Report:
     return Report(site, sympy.Gt(stored, tile.k(cap)), place, stored, tile.k(cap), within=place)
 
 
-STEP = 64  # ids a routing scan takes at a time: a [STEP, groups] block of int32 per step
+STEP = 64         # ids a routing scan takes at a time: a [STEP, groups] block of int32 per step
+MAX_GROUPS = 128  # groups one pass of a scan counts; more groups take more passes over the ids
 
 
 def route_body(tile) -> TileBody:
@@ -151,7 +152,7 @@ def route_body(tile) -> TileBody:
         if not 1 <= len(kept) <= 2:
             raise LoweringError(f"tile '{family.name}': ids to route are a 1-D or 2-D region")
         groups = f"tds_BLOCK_{family.name}_groups" + (str(n) if n else "")
-        tile.blocks.append((groups, bins))
+        tile.blocks.append((groups, sympy.Min(bins, MAX_GROUPS)))
         arrival, histogram = stores.get("arrival"), stores.get("histogram")
         cap = cap_site = None
         if histogram is not None and tile.schedule.tensors[histogram.target.tensor].cap is not None:

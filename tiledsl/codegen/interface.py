@@ -49,11 +49,15 @@ def interface_of(plan) -> KernelInterface:
         if f.product is not None:
             p = f.product
             block_k = plan.consts[p.block_k] if isinstance(p.block_k, str) else p.block_k
-            args.append(Arg(f"tds_desc_{f.name}_a", Kind.DESCRIPTOR, p.left, dtypes[p.left], (p.block_m, block_k)))
-            args.append(Arg(f"tds_desc_{f.name}_b", Kind.DESCRIPTOR, p.right, dtypes[p.right], (block_k, p.block_n)))
+            # an N-D operand's block is 1 in its leading dimensions (the points the product reads)
+            args.append(Arg(f"tds_desc_{f.name}_a", Kind.DESCRIPTOR, p.left, dtypes[p.left],
+                            (1,) * len(p.left_at) + (p.block_m, block_k)))
+            args.append(Arg(f"tds_desc_{f.name}_b", Kind.DESCRIPTOR, p.right, dtypes[p.right],
+                            (1,) * len(p.right_at) + (block_k, p.block_n)))
             if f.tma_target is not None:
+                store = next(s for s in walk(f.body) if isinstance(s, TmaStore))
                 args.append(Arg(f"tds_desc_{f.name}_c", Kind.DESCRIPTOR, f.tma_target, dtypes[f.tma_target],
-                                (p.block_m, p.block_n)))
+                                (1,) * len(store.at) + (p.block_m, p.block_n)))
     args += [Arg(p, Kind.SIZE) for p in plan.params] + [Arg("rank", Kind.SIZE), Arg("world", Kind.SIZE)]
     args += [Arg("tds_epoch_cell", Kind.EPOCH_CELL, dtype="int32"), Arg("tds_diag", Kind.DIAG, dtype="int32"),
              Arg("tds_max_spins", Kind.MAX_SPINS)]

@@ -57,13 +57,13 @@ def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict) -
 
 def id_bounds(schedule) -> dict:
     """The integer inputs used as ids, and the bound each use puts on them: routed into n groups
-    (`histogram(ids, n)`), or a point index into a dimension (its extent); the smallest of them."""
+    (`histogram(ids, n)`), or a point index into a dimension (its extent), or copied by a chunk into
+    a tensor so used; the smallest of them."""
     from tiledsl.schedule import ir
     found: dict = {}
 
     def bound(tensor: str, value) -> None:
-        if schedule.tensors[tensor].role.value in ("in", "inout"):
-            found[tensor] = value if tensor not in found else sympy.Min(found[tensor], value)
+        found[tensor] = value if tensor not in found else sympy.Min(found[tensor], value)
 
     for family in schedule.families.values():
         for store in family.stores:
@@ -75,7 +75,12 @@ def id_bounds(schedule) -> dict:
                 for value in ir.device_values(dim.start):
                     if dim.start == value:
                         bound(ir.value_tensor(value), shape[n])
-    return found
+    for _ in schedule.families:  # ids copied on by chunks take their copies' bounds
+        for family in schedule.families.values():
+            source, target = family.reads[0].tensor if family.reads else None, family.writes[0].tensor
+            if family.kind is ir.Kind.CHUNK and target in found and found.get(source) != found[target]:
+                bound(source, found[target])
+    return {name: value for name, value in found.items() if schedule.tensors[name].role.value in ("in", "inout")}
 
 
 def random_ids(shape, bound: int, generator) -> torch.Tensor:

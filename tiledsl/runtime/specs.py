@@ -102,7 +102,8 @@ def kernel_options(module) -> dict:
         return {"num_warps": 4, "num_stages": 2}
     stages = []
     for f in products:
-        (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block, descriptors[f"tds_desc_{f}_b"].block[1]
+        # the last two dimensions of each block (an N-D operand's others are 1)
+        (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block[-2:], descriptors[f"tds_desc_{f}_b"].block[-1]
         stages.append(pipeline_stages(block_m, block_n, block_k, f"tds_desc_{f}_c" in descriptors))
     stages = min(stages)
     return {"num_warps": 8, "num_stages": max(2, stages)}

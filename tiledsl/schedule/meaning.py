@@ -46,6 +46,7 @@ from tiledsl.schedule.intcode import code
 
 MAX_INSTANCES = 5000  # default_sizes keeps the instances of all ranks together under this
 MAX_MULTIPLE = 64     # default_sizes tries params = world * L * k for k up to this
+FALLBACK_SHARE = 10   # sizes that leave some index one instance keep to this share of MAX_INSTANCES
 GROUP_M = 8           # rows of product tiles taken together: 82% -> 99% of cuBLAS at 8192x2048x28672 (H200)
 
 
@@ -85,19 +86,22 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
             sizes = {p: base * k for p in schedule.params}
             if not _conditions_hold(schedule, world, sizes):
                 continue
-            total, too_few = 0, False
+            total, too_few = 0, 0
             for family in schedule.families.values():
+                extents = _extents(schedule, family, world, sizes, 0)
+                too_few += sum(n < 2 and bool({str(s) for s in e.free_symbols} & params)
+                               for n, (_, e) in zip(extents, family.indices))
                 for rank in range(world):
-                    extents = _extents(schedule, family, world, sizes, rank)
-                    total += math.prod(extents)
-                    too_few |= any(n < 2 and {str(s) for s in e.free_symbols} & params
-                                   for n, (_, e) in zip(extents, family.indices))
+                    total += math.prod(_extents(schedule, family, world, sizes, rank))
             if total > max_instances:
                 break  # larger multiples only have more instances
             if not too_few:
                 return sizes
-            if fallback is None:
-                fallback = sizes
+            # where no sizes give every index two instances (block sizes far apart: BT 8, BH 1024), those
+            # where the fewest have one, among sizes small enough to check quickly
+            if fallback is None or too_few < fallback[0] and total <= max_instances // FALLBACK_SHARE:
+                fallback = (too_few, sizes)
+    fallback = fallback and fallback[1]
     if fallback is None:
         raise ValueError(f"no params meet the launch conditions at world {world} with at most "
                          f"{max_instances} instances")
@@ -489,10 +493,19 @@ def _keyed_writes(schedule: ir.Schedule, family: ir.Family) -> dict:
 
 
 def _resolve_through(done: "Concrete") -> None:
+    routed: dict = {}  # (router family, slot tensor, rank) -> [(arrival instance, lo, hi)] of its slot stores
+    for access in done.accesses:
+        if access.write:
+            routed.setdefault((done.instances[access.instance].family, access.region.tensor, access.copy),
+                              []).append((access.instance, access.lo, access.hi))
+    boxes: dict = {}
     for n, access in enumerate(done.accesses):
         if access.through is not None:
             find, rank, index = access.through
-            done.accesses[n] = dataclasses.replace(access, through=find(done, rank, index))
+            if find not in boxes:
+                boxes[find] = find(done)
+            done.accesses[n] = dataclasses.replace(access, through=_covering(routed, find.args[:2], rank,
+                                                                             *boxes[find](rank, *index)))
 
 
 def _reads_args(region: ir.Region, args) -> bool:
@@ -502,21 +515,27 @@ def _reads_args(region: ir.Region, args) -> bool:
         sympy.simplify(a - (d.start + ir.ROW if d.kept else d.start)) == 0 for a, d in zip(args[1:], region.dims))
 
 
-def _through(router: str, slot: str, index_region: ir.Region, family: ir.Family, done: "Concrete", rank: int,
-             index: tuple) -> tuple | None:
-    """The arrival instance of `router` on `rank` whose slot store covers this instance's index box."""
+def _through(router: str, slot: str, index_region: ir.Region, family: ir.Family, done: "Concrete"):
+    """A function of (rank, *instance index) giving the box [lo, hi) of index elements a write reads."""
     owner, dims = at_capacity(done.schedule, index_region)
     symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices))
     values = _size_values(done.schedule, done.world, done.sizes)
-    evaluated = compile_exprs(tuple(e for d in dims for e in d), symbols)(*values, rank, *index)
+    evaluate = functools.partial(compile_exprs(tuple(e for d in dims for e in d), symbols), *values)
     shape = done.shapes[index_region.tensor]
-    lo = tuple(max(0, a) for a in evaluated[0::2])
-    hi = tuple(min(n, a + b) for n, a, b in zip(shape, evaluated[0::2], evaluated[1::2]))
-    for access in done.accesses:
-        if access.write and access.region.tensor == slot and access.copy == rank and \
-                done.instances[access.instance].family == router and \
-                all(a <= b and c <= d for a, b, c, d in zip(access.lo, lo, hi, access.hi)):
-            return access.instance, lo, hi
+
+    def box(rank: int, *index) -> tuple[tuple, tuple]:
+        found = evaluate(rank, *index)
+        lo = tuple(max(0, a) for a in found[0::2])
+        return lo, tuple(min(n, a + b) for n, a, b in zip(shape, found[0::2], found[1::2]))
+    return box
+
+
+def _covering(routed: dict, key: tuple, rank: int, lo: tuple, hi: tuple) -> tuple | None:
+    """The `through` key of a write whose index elements are the box [lo, hi): the arrival instance on
+    `rank` whose slot store covers it, or None where none does (then the write is not keyed)."""
+    for instance, slot_lo, slot_hi in routed.get((*key, rank), ()):
+        if all(a <= b and c <= d for a, b, c, d in zip(slot_lo, lo, hi, slot_hi)):
+            return instance, lo, hi
     return None
 
 
