@@ -46,7 +46,7 @@ from tiledsl.schedule.intcode import code
 
 MAX_INSTANCES = 5000  # default_sizes keeps the instances of all ranks together under this
 MAX_MULTIPLE = 64     # default_sizes tries params = world * L * k for k up to this
-FALLBACK_SHARE = 10   # sizes that leave some index one instance keep to this share of MAX_INSTANCES
+SPREAD_SHARE = 4      # params grown one by one keep all instances under this share of max_instances
 GROUP_M = 8           # rows of product tiles taken together: 82% -> 99% of cuBLAS at 8192x2048x28672 (H200)
 
 
@@ -61,7 +61,12 @@ def compile_exprs(exprs: tuple, symbols: tuple) -> Callable[..., tuple]:
 
 def size_symbols(schedule: ir.Schedule) -> tuple[sympy.Symbol, ...]:
     """Params, consts and world: the leading arguments of every compiled expression, in this order."""
-    return tuple(ir.size_symbol(n) for n in (*schedule.params, *schedule.consts)) + (ir.WORLD,)
+    return _size_symbols(tuple(schedule.params), tuple(schedule.consts))
+
+
+@functools.lru_cache(maxsize=256)
+def _size_symbols(params: tuple[str, ...], consts: tuple[str, ...]) -> tuple[sympy.Symbol, ...]:
+    return tuple(ir.size_symbol(n) for n in (*params, *consts)) + (ir.WORLD,)
 
 
 # ---- sizes ---------------------------------------------------------------------------------------
@@ -73,39 +78,91 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
     the consts at their values, every index extent that depends on a param is at least 2, and all ranks
     together have at most `max_instances` instances. Where no k up to MAX_MULTIPLE gives that, L is cut
-    to what the conditions alone need, and then two instances per index are no longer insisted on.
+    to what the conditions that mention each param need, and where that gives no such k either, the
+    params of each index left with one instance are grown one index at a time (`_spread`).
     Raises ValueError when nothing meets the conditions within the bound (a condition on consts and
     world alone that fails at this world, say, or an index space that is large at any valid size)."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
-    needed = math.lcm(1, *(int(a) for c in schedule.conditions for a in c.holds.subs(consts).atoms(sympy.Integer)
-                            if a > 0))
-    bases = dict.fromkeys([world * math.lcm(needed, *schedule.consts.values()), world * needed])
-    params, fallback = set(schedule.params), None
-    for base in bases if params else [0]:
-        for k in range(1, MAX_MULTIPLE + 1 if params else 2):
-            sizes = {p: base * k for p in schedule.params}
-            if not _conditions_hold(schedule, world, sizes):
-                continue
-            total, too_few = 0, 0
-            for family in schedule.families.values():
-                extents = _extents(schedule, family, world, sizes, 0)
-                too_few += sum(n < 2 and bool({str(s) for s in e.free_symbols} & params)
-                               for n, (_, e) in zip(extents, family.indices))
-                for rank in range(world):
-                    total += math.prod(_extents(schedule, family, world, sizes, rank))
-            if total > max_instances:
-                break  # larger multiples only have more instances
-            if not too_few:
-                return sizes
-            # where no sizes give every index two instances (block sizes far apart: BT 8, BH 1024), those
-            # where the fewest have one, among sizes small enough to check quickly
-            if fallback is None or too_few < fallback[0] and total <= max_instances // FALLBACK_SHARE:
-                fallback = (too_few, sizes)
-    fallback = fallback and fallback[1]
-    if fallback is None:
+    # per param, the lcm of the numbers in the launch conditions that mention it (all params alike where
+    # the conditions mention all of them; `require D % 8 == 0` alone leaves the others free)
+    needed = {p: math.lcm(1, *(int(a) for c in schedule.conditions if ir.size_symbol(p) in c.holds.free_symbols
+                               for a in c.holds.subs(consts).atoms(sympy.Integer) if a > 0))
+              for p in schedule.params}
+    every = math.lcm(1, *needed.values())
+    bases = [{p: world * math.lcm(every, *schedule.consts.values()) for p in schedule.params},
+             {p: world * needed[p] for p in schedule.params}]
+    params = set(schedule.params)
+    if not params:
+        if _conditions_hold(schedule, world, {}) and _total(schedule, world, {}) <= max_instances:
+            return {}
         raise ValueError(f"no params meet the launch conditions at world {world} with at most "
                          f"{max_instances} instances")
-    return fallback
+    found, first = _multiples(schedule, world, bases[0], max_instances)
+    if found is not None:
+        return found
+    # with L cut to what the conditions need: equal multiples, or the first sizes that meet the conditions
+    # with the params of each index left with one instance grown (block sizes far apart: 8 tokens, 1024
+    # columns, 64 rows of a grouped GEMM), whichever leaves fewer such indices, then fewer instances
+    found, low = _multiples(schedule, world, bases[1], max_instances) if bases[1] != bases[0] else (None, None)
+    first = first or low
+    choices = [c for c in (found, first and _spread(schedule, world, first, max_instances)) if c is not None]
+    if not choices:
+        raise ValueError(f"no params meet the launch conditions at world {world} with at most "
+                         f"{max_instances} instances")
+    return min(choices, key=lambda c: (_too_few(schedule, world, c), _total(schedule, world, c)))
+
+
+def _multiples(schedule, world: int, base: dict, max_instances: int) -> tuple[dict | None, dict | None]:
+    """(the smallest multiple k of `base` meeting the conditions with two instances per index, the first
+    meeting the conditions), each None where there is none under max_instances."""
+    first = None
+    for k in range(1, MAX_MULTIPLE + 1):
+        sizes = {p: base[p] * k for p in schedule.params}
+        if not _conditions_hold(schedule, world, sizes):
+            continue
+        if _total(schedule, world, sizes) > max_instances:
+            break  # larger multiples only have more instances
+        if not _too_few(schedule, world, sizes):
+            return sizes, first or sizes
+        first = first or sizes
+    return None, first
+
+
+def _total(schedule, world: int, sizes: dict) -> int:
+    return sum(math.prod(_extents(schedule, f, world, sizes, rank)) for f in schedule.families.values()
+               for rank in range(world))
+
+
+def _too_few(schedule, world: int, sizes: dict) -> int:
+    """The indices, over the params, that have fewer than two instances."""
+    params = set(schedule.params)
+    return sum(n < 2 and bool({str(s) for s in e.free_symbols} & params) for f in schedule.families.values()
+               for n, (_, e) in zip(_extents(schedule, f, world, sizes, 0), f.indices))
+
+
+def _spread(schedule: ir.Schedule, world: int, sizes: dict[str, int], max_instances: int) -> dict[str, int]:
+    """`sizes` with the params of each index that has one instance doubled until it has two, one index
+    at a time, while the launch conditions hold and all ranks' instances stay under max_instances /
+    SPREAD_SHARE (small enough to check fast); an index that cannot get two so keeps one."""
+    params, stuck = set(schedule.params), set()
+
+    def short_index():
+        for family in schedule.families.values():
+            extents = _extents(schedule, family, world, sizes, 0)
+            for n, (extent, (_, expr)) in enumerate(zip(extents, family.indices)):
+                grows = {str(s) for s in expr.free_symbols} & params
+                if extent < 2 and grows and (family.name, n) not in stuck:
+                    return family, n, grows
+        return None
+
+    while (short := short_index()) is not None:
+        family, n, grows = short
+        grown = _grow(schedule, world, sizes, family, n, grows, max_instances // SPREAD_SHARE)
+        if grown is None:
+            stuck.add((family.name, n))
+        else:
+            sizes = grown
+    return sizes
 
 
 def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES) -> dict[str, int] | None:
@@ -131,6 +188,19 @@ def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> tu
     if missing:
         raise ValueError(f"no value for param {', '.join(missing)}")
     return (*(sizes[p] for p in schedule.params), *(sizes.get(c, v) for c, v in schedule.consts.items()), world)
+
+
+def _grow(schedule, world: int, sizes: dict, family: ir.Family, n: int, grows: set, bound: int) -> dict | None:
+    """`sizes` with the params in `grows` doubled until index n of `family` has two instances and the
+    launch conditions hold, or None where all ranks' instances would first pass `bound`."""
+    trial = dict(sizes)
+    for _ in range(32):
+        trial = {**trial, **{p: 2 * trial[p] for p in grows}}
+        if _total(schedule, world, trial) > bound:
+            return None
+        if _conditions_hold(schedule, world, trial) and _extents(schedule, family, world, trial, 0)[n] >= 2:
+            return trial
+    return None
 
 
 def _conditions_hold(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> bool:
