@@ -30,7 +30,8 @@ def _environment() -> jinja2.Environment:
     # repr() quotes every user-derived string, so a path or message can never become code
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
-                       always=always, slot=slot_code, comment=comment, string=string, bad=bad)
+                       always=always, slot=slot_code, comment=comment, string=string, bad=bad,
+                       wait_call=wait_call)
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
                        FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env
@@ -66,6 +67,19 @@ def renames(family) -> dict[str, str]:
 
 def slot_code(expr, family) -> str:
     return kernel_code(expr, renames(family))
+
+
+def wait_call(wait: body.Wait, family, indent: str) -> str:
+    """The wait on a slot, its diagnostics within three lines of the call: a slot too long for that goes
+    on a line of its own first."""
+    def call(slot: str) -> str:
+        return wrap(f"{indent}tds_sync.wait(tds_sig_{wait.producer} + {slot}, tds_epoch, diag=tds_diag, "
+                    f"max_spins=tds_max_spins, rank=rank, edge={wait.edge}, instance={slot_code(INSTANCE, family)})")
+    slot = slot_code(wait.slot, family)
+    text = call(slot)
+    if "diag=tds_diag" in "\n".join(text.splitlines()[:3]):
+        return text
+    return wrap(f"{indent}tds_waited = {slot}") + "\n" + call("tds_waited")
 
 
 # ---- blocks --------------------------------------------------------------------------------------------
