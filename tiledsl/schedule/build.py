@@ -3,6 +3,7 @@ tile and chunk its regions and every value its shape and dtype. Mistakes are col
 by one, so that a user sees all of them at once."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 import sympy
@@ -279,6 +280,10 @@ class Builder:
                 self.fail(f"'{tensor.name}' {shape_text(tensor.shape)} cannot be valid up to '{count.name}' "
                           f"{shape_text(count.shape)}: its shape must be the first dimensions of "
                           f"'{tensor.name}', followed by the dimension it bounds", decl.upto.span)
+            else:
+                continue
+            # reported: the rest of the build goes on without it, to report what else is wrong
+            self.tensors[tensor.name] = dataclasses.replace(tensor, upto=None)
 
     def engine(self, engine: ast.Engine | None, kind: ir.Kind, scope: _Scope) -> ir.Engine | None:
         if engine is None:
