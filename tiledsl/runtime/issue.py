@@ -68,9 +68,14 @@ class Issuing:
         """The persistent kernel through Triton's JIT (compiling on first use); returns the compiled kernel."""
         return self.module.tds_kernel[(grid,)](**args, **roles, **options)
 
-    def _begin(self, call):
+    def _begin(self, call, captured: bool = False):
         """What every call does first, emulated or not: stage the inputs, zero the counts copy-engine
-        chunks wait on, and pass the entry unless the kernel is its own entry."""
+        chunks wait on, and pass the entry unless the kernel is its own entry. Recorded into a caller's
+        graph, the staging buffer's parity is frozen: a graph with an odd number of calls would stage
+        into the buffer a peer may still read from the last replay, so such a call first waits for
+        every rank at a barrier of its own (one more entry)."""
+        if captured and call.staged:
+            self._enter(call)
         for target, source in call.staged:
             target.copy_(source)
         for count in call.counts:
@@ -92,11 +97,11 @@ class Issuing:
         if self.replay:
             call.enter_replay = Replay(function, compiled, (1,), dict(zip(function.arg_names, args)))
 
-    def _issue(self, call):
+    def _issue(self, call, captured: bool = False):
         """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
         the persistent kernel on the current stream, joined at the end."""
         compute = torch.cuda.current_stream()
-        self._begin(call)
+        self._begin(call, captured)
         if call.copies:
             if self._comm_stream is None:
                 self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)

@@ -41,7 +41,9 @@ class Program(Issuing):
         if consts:
             raise LaunchError("consts are fixed when the program is built: pass them to tiledsl.compile()")
         self.heap = heap
-        self.dtype_override = dtype_override or {}
+        # by name ("bfloat16") or by torch dtype (torch.bfloat16)
+        self.dtype_override = {k if isinstance(k, str) else str(k).removeprefix("torch."): v
+                               for k, v in (dtype_override or {}).items()}
         mode = "emulated" if self.emulated else "gpu"
         self.max_spins = max(1, int(wait_timeout_s * SPINS_PER_SECOND[mode]))
         self.num_sms = num_sms
@@ -137,8 +139,15 @@ class Program(Issuing):
         return self.heap.peer_offsets(shared) + delta
 
     # ---- one call -------------------------------------------------------------------------------
+    # torch.compile calls a program as it is (a graph break); tiledsl.ops offers custom ops that compile whole
+    @torch.compiler.disable
     def __call__(self, *args, check: bool = True, **kwargs):
+        """One call. Inside the caller's own CUDA-graph capture (`torch.cuda.graph`) a call that was made
+        once before with the same tensors makes no host synchronisation and no host-to-device copy: it
+        is recorded into that graph, and its waits stay bounded (`check()` after a replay reports a
+        timeout)."""
         tensors = validate.bind(self.module.__name__, self.callers, args, kwargs)
+        capturing = not self.emulated and torch.cuda.is_current_stream_capturing()
         # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
         # so a steady-state call is a few launches and no Python bookkeeping.
         parity = (self.epoch + 1) % 2 if self._staging else 0
@@ -146,12 +155,19 @@ class Program(Issuing):
                                 for n, t in tensors.items())
         call = self._calls.get(key)
         if call is None:
+            if capturing:
+                raise LaunchError(f"{self.module.__name__} is called inside a CUDA-graph capture with tensors it has "
+                                  "not seen: call it once with these tensors before capturing (preparing a call "
+                                  "copies its tables to the GPU, which a capture forbids)")
             if len(self._calls) >= MAX_PREPARED_CALLS:
                 self._calls.clear()
             call = self._calls[key] = self._prepare(tensors, parity)
         self.epoch += 1
         if self.emulated:
             self._issue_serialised(call)
+        elif capturing:
+            self._issue(call, captured=True)  # into the caller's graph, never into one of ours
+            call.issued = True
         elif call.graph is not None:
             call.graph.replay()
         elif call.issued and self.graphs:
@@ -159,7 +175,7 @@ class Program(Issuing):
         else:
             self._issue(call)
             call.issued = True
-        if check:
+        if check and not capturing:  # a capture cannot synchronise: check() after replaying the graph
             self.check()
         outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -312,10 +328,35 @@ class Program(Issuing):
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)
 
-    def release(self) -> None:
-        """Drop every prepared call: the caller tensors, CUDA graphs and launch arguments kept for the
-        tensor sets this program was called with (the next call with any of them prepares it again)."""
+    def release(self, *tensors: torch.Tensor) -> None:
+        """Drop the prepared calls (caller tensors, CUDA graphs, launch arguments) kept for the tensor sets
+        this program was called with: all of them, or only those that hold one of `tensors` (the next
+        call with any of them prepares it again)."""
+        if not tensors:
+            self._calls.clear()
+            return
+        pointers = {t.data_ptr() for t in tensors}
+        for key in [k for k in self._calls if any(entry[1] in pointers for entry in k[1:])]:
+            del self._calls[key]
+
+    def reset(self) -> None:
+        """Collective, on every rank: after a call failed (a ScheduleTimeout, an exception between its
+        launches), put the ranks back in step. Waits for this rank's work, then with every rank zeroes
+        the epochs, signals, counts and diagnostics, and drops the prepared calls and their graphs."""
+        if not self.emulated:
+            torch.cuda.synchronize(self.device)
+        if self.heap is not None:
+            self.heap.barrier()
+        for res in self._resources.values():
+            for name, value in res.items():
+                if name.startswith(("sig_", "count_")) or name in ("barrier", "diag"):
+                    value.zero_()
+        if self._epoch_cell is not None:
+            self._epoch_cell.zero_()
+        self.epoch = 0
         self._calls.clear()
+        if self.heap is not None:
+            self.heap.barrier()  # no rank starts a call before every rank's slots are zero
 
     # ---- deadline ------------------------------------------------------------------------------
     def check(self) -> None:
