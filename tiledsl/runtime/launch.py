@@ -147,7 +147,7 @@ class Program(Issuing):
         is recorded into that graph, and its waits stay bounded (`check()` after a replay reports a
         timeout)."""
         tensors = validate.bind(self.module.__name__, self.callers, args, kwargs)
-        capturing = not self.emulated and torch.cuda.is_current_stream_capturing()
+        capturing = not self.emulated and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
         # so a steady-state call is a few launches and no Python bookkeeping.
         parity = (self.epoch + 1) % 2 if self._staging else 0
