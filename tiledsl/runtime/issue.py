@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tiledsl.runtime import sync
+from tiledsl.runtime import sync, timeline
 from tiledsl.runtime.replay import Replay
 
 
@@ -49,19 +49,25 @@ class Issuing:
             if spec.name in self.skip:
                 continue
             if spec.engine == "copy_engine":
-                for target, source, signals, waits in call.copies[spec.name]:
+                for target, source, signals, waits, row in call.copies[spec.name]:
+                    if row is not None:
+                        row[timeline.START], row[timeline.PLACE] = timeline._host_now(), -1
                     for count, index, expected, edge in waits:
                         if int(count[index]) < expected:  # emulated, the producer ran first or never will
                             raise ScheduleTimeout(
                                 f"rank {self.rank} timed out waiting on edge {edge}: {self.module.tds_EDGES[edge]} "
                                 f"(copy engine, row {index}: expected {expected} of its instances done, saw "
                                 f"{int(count[index])})")
+                    if row is not None:
+                        row[timeline.WAITED] = timeline._host_now()
                     target.copy_(source)
                     for signal, slot in signals:
                         signal.view(-1)[slot] = self.epoch
+                    if row is not None:
+                        row[timeline.END] = timeline._host_now()
             else:
                 roles, grid = self._roles(call.env, only=spec.name)
-                roles["tds_ENTER"] = call.fold
+                roles.update(tds_ENTER=call.fold, tds_TRACE=self.trace)
                 self._launch(grid, call.kernel_args, roles, call.options)
 
     def _launch(self, grid: int, args: dict, roles: dict, options: dict):
@@ -76,6 +82,11 @@ class Issuing:
         every rank at a barrier of its own (one more entry)."""
         if captured and call.staged:
             self._enter(call)
+        if self.trace:  # the timeline's origin: stamped by the kernel's first program, by the host emulated
+            entry = call.kernel_args["tds_trace_entry"]
+            entry.zero_()
+            if self.emulated:
+                entry[0, timeline.START] = timeline._host_now()
         for target, source in call.staged:
             target.copy_(source)
         for count in call.counts:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tiledsl.runtime import sync, validate
+from tiledsl.runtime import sync, timeline, validate
 # ScheduleTimeout is raised by check() below, and callers import it from here
 from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
@@ -33,7 +33,8 @@ class Program(Issuing):
 
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
                  dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-                 graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, **consts):
+                 graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, trace: bool = False,
+                 **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated and not sync.EMULATED:
@@ -58,6 +59,8 @@ class Program(Issuing):
         self.graphs = graphs and not self.emulated
         # let the persistent kernel be the call's entry where it can (False: an entry kernel every call)
         self.fold_entry = fold_entry
+        # stamp every instance's start, end of waits and end into a timeline (runtime/timeline.py)
+        self.trace = trace
         self._epoch_cell = None  # int32 on the device: the epoch the running call's kernels read
         # staged inputs alternate between two heap copies by epoch parity: one prepared call for each
         self._staging = any(t.staged for t in module.tds_TENSORS)
@@ -119,6 +122,10 @@ class Program(Issuing):
             res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
         res["blocks"] = self.module.tds_blocks(env)
         res["diag"] = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
+        for spec in self.module.tds_FAMILIES:  # timeline rows: one per instance part when traced, else one
+            rows = counts[spec.name] * spec.split if self.trace else 1
+            res[f"trace_{spec.name}"] = torch.zeros(rows, timeline.FIELDS, dtype=torch.int64, device=self.device)
+        res["trace_entry"] = torch.zeros(1, timeline.FIELDS, dtype=torch.int64, device=self.device)
         self._resources[key] = res
         return res
 
@@ -205,7 +212,7 @@ class Program(Issuing):
         roles, grid = (None, 0) if self.emulated else self._roles(env)
         fold = self._folds_entry(copies, staged, grid)
         if roles is not None:
-            roles["tds_ENTER"] = fold
+            roles.update(tds_ENTER=fold, tds_TRACE=self.trace)
         args = self._kernel_args(env, res, views, shared, barrier)
         counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
         return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold,
@@ -258,6 +265,8 @@ class Program(Issuing):
                 a[arg.name] = barrier[0]
             elif kind is Kind.BARRIER_PEERS:
                 a[arg.name] = barrier[1]
+            elif kind is Kind.TRACE:
+                a[arg.name] = res[f"trace_{arg.of or 'entry'}"]
         return a
 
     def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
@@ -316,14 +325,24 @@ class Program(Issuing):
             source, target = view_of(env, tensor, instance)
             slot = self.rank * spec.split * count + instance * spec.split
             copies = [(self._signal_view(signals, r), slot) for r in ranks]
+            row = res[f"trace_{spec.name}"][instance * spec.split] if self.trace else None
             waits = [(res[f"count_{producer}"], index, expected, edge)
                      for producer, index, expected, edge in (waits_of(env, instance) if waits_of else [])
                      if producer not in self.skip or self.emulated]
             if not self.emulated:
                 copies = [view.data_ptr() + view.element_size() * slot for view, slot in copies]
                 waits = [(c.data_ptr() + c.element_size() * index, expected) for c, index, expected, _ in waits]
-            ops.append((target, source, copies, waits))
+            ops.append((target, source, copies, waits, row))
         return ops
+
+    def trace_buffers(self) -> dict:
+        """The last traced call's timeline rows on this rank: per family, and the entry's (runtime/timeline.py)."""
+        if not self.trace or not self._resources:
+            raise RuntimeError("no traced call yet: compile with trace=True and call the program")
+        res = next(reversed(self._resources.values()))
+        if not self.emulated:
+            torch.cuda.synchronize(self.device)
+        return {name[6:]: value for name, value in res.items() if name.startswith("trace_")}
 
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)
