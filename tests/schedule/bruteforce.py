@@ -68,6 +68,8 @@ class Graph:
     accesses: list[Access] = field(default_factory=list)
     out_of_bounds: list[OutOfBounds] = field(default_factory=list)
     waits: dict[Point, list[tuple[Point, int]]] = field(default_factory=dict)  # consumer -> (producer, edge)
+    # (consumer, edge, producer) where an edge names an instance or rank that does not exist: no wait
+    skipped: list[tuple[Point, int, Point]] = field(default_factory=list)
     sequence: list[str] | None = None          # the family sequence; None when families wait on each other
     family_cycle: FamilyCycle | None = None
     serial: dict[int, list[Point]] = field(default_factory=dict)  # rank -> its instances in run order
@@ -151,8 +153,9 @@ def _accesses(graph, family: ir.Family, point: Point, names: dict, shapes, range
                 staged=not write and region.owner is not None and tensor.role in (ir.Role.IN, ir.Role.INOUT)))
 
 
-def producers(graph: Graph, edge: ir.Edge, consumer: Point) -> list[Point]:
-    """The producer instances `consumer` waits for through `edge`: those that exist."""
+def producers(graph: Graph, edge: ir.Edge, consumer: Point, skipped: list | None = None) -> list[Point]:
+    """The producer instances `consumer` waits for through `edge`: those that exist (the others, in
+    `skipped`)."""
     env = {**graph.schedule.consts, **graph.at.values(), "world": graph.at.world, "rank": consumer.rank,
            **dict(zip(graph.schedule.families[edge.consumer].index_names, consumer.index))}
     if edge.ranks is ir.RankSet.EVERY:
@@ -163,22 +166,24 @@ def producers(graph: Graph, edge: ir.Edge, consumer: Point) -> list[Point]:
         ranks = [consumer.rank]
     found = []
     for rank in ranks:
-        extents = graph.extents.get((edge.producer, rank))
-        if extents is None:  # a rank outside 0..world-1: no wait
-            continue
+        extents = graph.extents.get((edge.producer, 0))
         choices = [range(n) if m is None else [evaluate(m, env)] for m, n in zip(edge.index_map, extents)]
         for index in itertools.product(*choices):
             point = Point(edge.producer, tuple(index), rank)
-            if graph.exists(point):  # an index outside the producer's instances: no wait
+            if graph.exists(point):
                 found.append(point)
+            elif skipped is not None:  # an index or rank outside the producer's instances: no wait
+                skipped.append(point)
     return found
 
 
 def _waits(graph: Graph, number: int, edge: ir.Edge, env) -> None:
     for point in graph.points:
         if point.family == edge.consumer:
-            for producer in producers(graph, edge, point):
+            skipped = []
+            for producer in producers(graph, edge, point, skipped):
                 graph.waits.setdefault(point, []).append((producer, number))
+            graph.skipped += [(point, number, producer) for producer in skipped]
 
 
 def _sequence(graph: Graph) -> None:
@@ -331,10 +336,21 @@ def unsignalled(graph: Graph) -> list[Unsignalled]:
     return found
 
 
+def at(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> At:
+    """Where a finding holds: `sizes` (params, maybe consts) with the other consts at their values."""
+    return At(world, tuple(sorted({**schedule.consts, **sizes}.items())))
+
+
+def skipped_waits(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> list[str]:
+    """The waits that name an instance or rank that does not exist (no wait, under the rules), as text."""
+    graph = build(schedule, at(schedule, world, sizes))
+    return [f"{consumer} -> {producer} (edge {number})" for consumer, number, producer in graph.skipped]
+
+
 def problems(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> list[Witness]:
     """Every kind of problem the schedule has at this world and these param (and const) values: all
     bounds violations and unsignalled waits, one family cycle or deadlock, and every racing pair."""
-    graph = build(schedule, At(world, tuple(sorted({**schedule.consts, **sizes}.items()))))
+    graph = build(schedule, at(schedule, world, sizes))
     found: list[Witness] = [*graph.out_of_bounds, *unsignalled(graph)]
     if graph.family_cycle is not None:
         found.append(graph.family_cycle)
