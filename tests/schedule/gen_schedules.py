@@ -214,7 +214,7 @@ class Program:
                 dep.index[k] = f"{dep.index[k]} {self.pick(['+ 1', '- 1'])}"
             elif how == "drop":
                 del deps[target]
-            else:
+            elif dep.family != consumer.name:  # a family waits on its own instances on its own rank only
                 dep.ranks = self.pick(WRONG_RANKS)
             consumer.deps.extend(deps)
             self.intent.append(f"perturbed wait of {consumer.name}: {how}")
@@ -249,7 +249,8 @@ class Program:
             if family.engine != "copy_engine" and self.chance(0.3):
                 index = list(names)
                 k = self.rnd.randint(0, len(index) - 1)
-                index[k] = f"{index[k]} {self.pick(['- 1', '- 1', '+ 1'])}"
+                # `(i - 1)/2` floors to -1 at i = 0: no wait there (a truncating division would wait on itself)
+                index[k] = self.pick(["{} - 1", "{} - 1", "{} + 1", "({} - 1)/2"]).format(index[k])
                 if len(index) > 1 and self.coin():
                     other = 1 - k if len(index) == 2 else (k + 1) % len(index)
                     index[other] = f"{index[other]} {self.pick(['- 1', '+ 1'])}"
@@ -541,3 +542,9 @@ def schedules() -> st.SearchStrategy[Generated]:
     own draws lean towards their simplest values, which would make most programs alike (as in
     tests/grammar/test_fuzz.py). `generate(seed)` rebuilds a program from the seed its intent names."""
     return st.integers(0, 2**32 - 1).map(generate)
+
+
+def batches(size: int) -> st.SearchStrategy[list[Generated]]:
+    """`size` programs from consecutive seeds: distinct examples are distinct batches (a list of
+    `schedules()` repeats the simplest seeds from one example to the next)."""
+    return st.integers(0, 2**32 // size - 1).map(lambda first: [generate(first * size + k) for k in range(size)])
