@@ -72,6 +72,7 @@ class Graph:
     skipped: list[tuple[Point, int, Point]] = field(default_factory=list)
     sequence: list[str] | None = None          # the family sequence; None when families wait on each other
     family_cycle: FamilyCycle | None = None
+    ordered: dict[tuple[str, int], list[Point]] = field(default_factory=dict)  # (family, rank) -> run order
     serial: dict[int, list[Point]] = field(default_factory=dict)  # rank -> its instances in run order
 
     def exists(self, point: Point) -> bool:
@@ -97,10 +98,27 @@ def build(schedule: ir.Schedule, at: At) -> Graph:
     for number, edge in enumerate(schedule.edges):
         _waits(graph, number, edge, env)
     _sequence(graph)
+    for name in schedule.families:
+        for rank in range(at.world):
+            graph.ordered[name, rank] = _ordered(graph, name, rank, env)
     if graph.sequence is not None:
         for rank in range(at.world):
-            graph.serial[rank] = [p for name in graph.sequence for p in _ordered(graph, name, rank, env)]
+            graph.serial[rank] = [p for name in graph.sequence for p in graph.ordered[name, rank]]
     return graph
+
+
+def runs_before(graph: Graph, earlier: Point, later: Point) -> bool | None:
+    """Whether `earlier` runs before `later` in their rank's serial order; None where that order does
+    not exist (two families that wait on each other have no sequence; one family's order still holds)."""
+    if earlier.rank != later.rank:
+        return False
+    if earlier.family == later.family:
+        order = graph.ordered[earlier.family, earlier.rank]
+        return order.index(earlier) < order.index(later)
+    if graph.sequence is None:
+        return None
+    order = graph.serial[earlier.rank]
+    return order.index(earlier) < order.index(later)
 
 
 def _ranged_slices(program: ast.Program) -> dict[ast.Span, tuple]:
@@ -279,14 +297,14 @@ def races(graph: Graph, first_only: bool = False) -> list[Race]:
 
 
 def deadlock(graph: Graph) -> Deadlock | None:
-    """A cycle in waits plus each rank's serial order, as steps, or None."""
-    if graph.sequence is None:
-        return None
+    """A cycle in waits plus each rank's serial order (where families wait on each other there is no
+    serial order across families, only each family's own), as steps, or None."""
     after: dict[Point, list[tuple[Point, int | None]]] = defaultdict(list)  # waited -> (waiter, edge)
     for waiter, waited in graph.waits.items():
         for producer, number in waited:
             after[producer].append((waiter, number))
-    for order in graph.serial.values():
+    orders = graph.serial.values() if graph.sequence is not None else graph.ordered.values()
+    for order in orders:
         for earlier, later in zip(order, order[1:]):
             after[earlier].append((later, None))
     # depth-first search for a back arc
@@ -400,16 +418,16 @@ def _confirm_race(graph: Graph, race: Race) -> str | None:
 def _confirm_deadlock(graph: Graph, cycle: Deadlock) -> str | None:
     if not cycle.steps:
         return "a cycle of no steps"
-    if graph.sequence is None:
-        return "the families wait on each other: there is no serial order to deadlock in"
     for step, following in zip(cycle.steps, cycle.steps[1:] + cycle.steps[:1]):
         if _missing(graph, step.waiter, step.waited):
             return _missing(graph, step.waiter, step.waited)
         if step.waited != following.waiter:
             return f"the cycle breaks between {step.waited} and {following.waiter}"
         if step.edge is None:
-            order = graph.serial[step.waiter.rank]
-            if step.waited.rank != step.waiter.rank or order.index(step.waited) >= order.index(step.waiter):
+            before = runs_before(graph, step.waited, step.waiter)
+            if before is None:
+                return f"the families wait on each other: {step.waited} and {step.waiter} have no serial order"
+            if not before:
                 return f"{step.waited} does not run before {step.waiter} on one rank"
         elif (step.waited, step.edge) not in graph.waits.get(step.waiter, []):
             return f"{step.waiter} does not wait for {step.waited} through edge {step.edge}"
