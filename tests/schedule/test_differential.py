@@ -5,7 +5,7 @@ worlds 2 and 3 with every output matching the torch reference, on two calls with
 outputs poisoned with NaN; every schedule it refuses must come with a witness (the race, the cycle)
 that the brute force confirms.
 
-CI runs 300 schedules, 20 to a hypothesis example (one set of emulated ranks per world runs all the
+CI runs 300 schedules, 30 to a hypothesis example (one set of emulated ranks per world runs all the
 accepted programs of an example), derandomized. A longer run, random, by hand:
 
     TILEDSL_DIFF_EXAMPLES=5000 python -m pytest tests/schedule/test_differential.py -x -q
@@ -23,18 +23,17 @@ from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
-from hypothesis import strategies as st
 
 import bruteforce
 import emulated_batch
-from gen_schedules import WORLDS, Generated, schedules
+from gen_schedules import WORLDS, Generated, batches
 from tiledsl import pipeline
 from tiledsl.codegen import LoweringError
 from tiledsl.diagnostics import TdsError
 from tiledsl.schedule.witness import At, Deadlock, FamilyCycle, OutOfBounds, Point, Race, Step, Unsignalled
 
 EXAMPLES = int(os.environ.get("TILEDSL_DIFF_EXAMPLES", "300"))
-BATCH = 20                  # schedules per hypothesis example
+BATCH = 30                  # schedules per hypothesis example
 CI = bool(os.environ.get("CI"))
 MALFORMED_PER_BATCH = 2     # programs the front end refuses: the generator's mistakes, kept rare
 TOTALS: collections.Counter = collections.Counter()
@@ -181,7 +180,7 @@ def emulate(world: int, jobs: list) -> list[Failure]:
           phases=[Phase.explicit, Phase.reuse, Phase.generate]
           + ([Phase.shrink] if os.environ.get("TILEDSL_DIFF_SHRINK") == "1" else []),
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
-@given(st.lists(schedules(), min_size=BATCH, max_size=BATCH, unique_by=lambda g: g.source))
+@given(batches(BATCH))
 def test_accepted_schedules_run_and_refusals_are_confirmed(batch):
     failures, stats = judge(batch)
     TOTALS.update(stats)
@@ -281,6 +280,15 @@ def test_bruteforce_confirms_families_that_wait_on_each_other():
     assert bruteforce.confirm(schedule, FamilyCycle(("u", "t"), (1, 0))) is None
     assert "do not lead around" in bruteforce.confirm(schedule, FamilyCycle(("t", "u"), (0, 0)))
     assert FamilyCycle(("t", "u"), (0, 1)) in bruteforce.problems(schedule, 2, {"N": 4})
+    # t[0] and u[0] wait on each other: a deadlock of waits alone, with no serial order to speak of
+    t, u = Point("t", (0,), 0), Point("u", (0,), 0)
+    assert bruteforce.confirm(schedule, Deadlock(At(2, (("N", 4),)), (Step(t, u, 0), Step(u, t, 1)))) is None
+    assert "no serial order" in bruteforce.confirm(schedule, Deadlock(At(2, (("N", 4),)), (Step(t, u, 0),
+                                                                                          Step(u, t, None))))
+    # one family's own order still holds: t[0] waiting on t[1], which runs after it, is a deadlock
+    chained = schedule_of(source + "t[i] after t[i + 1]\n")
+    later = Point("t", (1,), 0)
+    assert bruteforce.confirm(chained, Deadlock(At(2, (("N", 4),)), (Step(t, later, 2), Step(later, t, None)))) is None
 
 
 def test_bruteforce_confirms_a_slice_end_past_the_dimension_but_not_a_clipped_one():
