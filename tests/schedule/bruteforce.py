@@ -96,7 +96,7 @@ def build(schedule: ir.Schedule, at: At) -> Graph:
                 names = {**env, "rank": rank, **dict(zip(family.index_names, index))}
                 _accesses(graph, family, point, names, shapes, ranged)
     for number, edge in enumerate(schedule.edges):
-        _waits(graph, number, edge, env)
+        _waits(graph, number, edge)
     _sequence(graph)
     for name in schedule.families:
         for rank in range(at.world):
@@ -184,7 +184,7 @@ def producers(graph: Graph, edge: ir.Edge, consumer: Point, skipped: list | None
         ranks = [consumer.rank]
     found = []
     for rank in ranks:
-        extents = graph.extents.get((edge.producer, 0))
+        extents = graph.extents[edge.producer, 0]  # index extents do not depend on the rank
         choices = [range(n) if m is None else [evaluate(m, env)] for m, n in zip(edge.index_map, extents)]
         for index in itertools.product(*choices):
             point = Point(edge.producer, tuple(index), rank)
@@ -195,7 +195,7 @@ def producers(graph: Graph, edge: ir.Edge, consumer: Point, skipped: list | None
     return found
 
 
-def _waits(graph: Graph, number: int, edge: ir.Edge, env) -> None:
+def _waits(graph: Graph, number: int, edge: ir.Edge) -> None:
     for point in graph.points:
         if point.family == edge.consumer:
             skipped = []
