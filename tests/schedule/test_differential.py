@@ -12,7 +12,10 @@ accepted programs of an example), derandomized. A longer run, random, by hand:
 
 `TILEDSL_DIFF_SHRINK=1` lets hypothesis shrink a failing example (each step reruns the emulation of a
 whole example: slow). A failure prints each failing schedule whole, with the sizes: save it as
-FILE.tds and run `tiledsl run FILE.tds --world N --size N=...`."""
+FILE.tds and run `tiledsl run FILE.tds --world N --size N=...`, or rebuild it from the seed it names
+with `gen_schedules.generate(SEED)`. The test stops at the first failing example; to see every kind
+of failure in a long run instead, `python tests/schedule/test_differential.py 3000` judges 3000
+random schedules and prints each kind of failure with its count and its shortest schedule."""
 from __future__ import annotations
 
 import collections
@@ -304,3 +307,22 @@ def test_bruteforce_confirms_a_slice_end_past_the_dimension_but_not_a_clipped_on
 def test_a_generated_refusal_names_its_world_and_sizes():
     assert message_sizes("race: ... (at N=8, M=4, world=3)") == (3, {"N": 8, "M": 4})
     assert message_sizes("the families ask for 200 resident SM programs") is None
+
+
+if __name__ == "__main__":  # ranks re-import this module as __mp_main__: only the survey runs under this guard
+    import random
+    import sys
+
+    from gen_schedules import generate
+
+    count, first = int(sys.argv[1]), random.randrange(2**32)
+    kinds: dict[str, list[Failure]] = collections.defaultdict(list)
+    for start in range(0, count, BATCH):
+        found, stats = judge([generate(first + n) for n in range(start, min(count, start + BATCH))])
+        TOTALS.update(stats)
+        for failure in found:
+            kinds[failure.kind].append(failure)
+        print(f"{min(count, start + BATCH)} schedules: {dict(TOTALS)}", flush=True)
+    for kind, failures in sorted(kinds.items(), key=lambda item: -len(item[1])):
+        print(f"\n{len(failures)} x {kind}; the shortest:")
+        print(min(failures, key=lambda f: len(f.generated.source)).render())
