@@ -42,6 +42,8 @@ class PreparedCall:
 class Issuing:
     """The issue paths of `launch.Program`, which owns the module, the epoch cell and the streams."""
 
+    trace = False  # stamp a timeline (launch.Program sets it)
+
     def _issue_serialised(self, call):
         """Emulated: the families one after another in dependency order, each in its own launch."""
         self._begin(call)
