@@ -161,6 +161,10 @@ class Program(Issuing):
         key = (parity,) + tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
                                 for n, t in tensors.items())
         call = self._calls.get(key)
+        if call is None and capturing and self._staging:
+            # recorded into the caller's graph the parity is frozen anyway (a barrier guards the staging,
+            # see Issuing._begin): a call prepared for the other parity serves as well
+            call = self._calls.get((1 - parity,) + key[1:])
         if call is None:
             if capturing:
                 raise LaunchError(f"{self.module.__name__} is called inside a CUDA-graph capture with tensors it has "
