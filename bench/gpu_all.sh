@@ -15,6 +15,7 @@ stages=${*:-checks gemm overlap collectives}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export OUT=${OUT:-$PWD/bench/results}
 mkdir -p "$OUT"
+touch "$OUT/.started"  # what this run wrote is newer: a warm machine keeps the last run's files in $OUT
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "gpus: $gpus; $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
 [ -n "${CHECKS_ONLY:-}" ] && echo "CHECKS_ONLY=$CHECKS_ONLY: the checks run only what matches it"
@@ -75,7 +76,7 @@ for stage in $stages; do
     variants) run gemm_variants 200 python3 bench/experiments/gemm_variants.py ;;
     *) echo "unknown stage $stage"; status=1; rows+=("$(printf '%-28s %5s' "$stage" "?")") ;;
   esac
-  [ -n "${PACK:-}" ] && tar czf "$PACK" -C "$OUT" .
+  [ -n "${PACK:-}" ] && (cd "$OUT" && find . -type f -newer .started -print0 | tar czf "$PACK" --null -T -)
 done
 echo "== summary"
 printf '%s' "$failures"

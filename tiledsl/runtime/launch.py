@@ -126,6 +126,13 @@ class Program(Issuing):
             rows = counts[spec.name] * spec.split if self.trace else 1
             res[f"trace_{spec.name}"] = torch.zeros(rows, timeline.FIELDS, dtype=torch.int64, device=self.device)
         res["trace_entry"] = torch.zeros(1, timeline.FIELDS, dtype=torch.int64, device=self.device)
+        if self.trace and not self.emulated and any(f.engine == "copy_engine" for f in self.module.tds_FAMILIES):
+            # The copy stream stamps with a small kernel: compile and load it now. Its first launch would
+            # load its module, which waits for the device, where the kernel waits for the copies (a hang,
+            # seen on H200 in bench_trace at ag_gemm).
+            for point in (timeline.START, timeline.WAITED, timeline.END):
+                timeline.stamp[(1,)](res["trace_entry"][0], point)
+            torch.cuda.synchronize(self.device)
         self._resources[key] = res
         return res
 
