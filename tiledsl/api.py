@@ -60,3 +60,14 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
                        dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay,
                        graphs=graphs, num_warps=num_warps, fold_entry=fold_entry, trace=trace)
+
+
+def empty(shape, dtype=None, heap=None):
+    """A tensor on the symmetric heap (collective: every rank calls with the same shape and dtype, in the
+    same order), for inputs peers read: a program reads it where it is instead of copying it into the
+    heap at each call (`allreduce_out.tds`, `AllReduce(heap)(x, out=y)`), and waits at an exit barrier
+    instead, so that the caller may overwrite it as soon as the call returns."""
+    import torch
+    if heap is None:
+        raise ValueError("tiledsl.empty needs the symmetric heap to allocate on: empty(shape, dtype, heap=heap)")
+    return heap.alloc(tuple(shape) if not isinstance(shape, int) else (shape,), dtype or torch.bfloat16)

@@ -57,7 +57,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             constexprs[arg.name] = blocks[arg.name]
         elif arg.kind is Kind.ROLE:
             role = arg.name.split("_")[1]
-            constexprs[arg.name] = {"ENTER": True, "TRACE": trace, "RUN": True, "START": 0, "PROGRAMS": 132}[role]
+            constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": True, "START": 0,
+                                    "PROGRAMS": 132}[role]
         else:
             signature[arg.name] = "i32"
     for name in constexprs:

@@ -65,6 +65,7 @@ def interface_of(plan) -> KernelInterface:
     args += [Arg(f"tds_trace_{f.name}", Kind.TRACE, f.name, "int64") for f in kernel_families]
     args.append(Arg("tds_trace_entry", Kind.TRACE, None, "int64"))
     args.append(Arg("tds_ENTER", Kind.ROLE))
+    args.append(Arg("tds_EXIT", Kind.ROLE))
     args.append(Arg("tds_TRACE", Kind.ROLE))
     for f in kernel_families:
         args += [Arg(f"tds_{role}_{f.name}", Kind.ROLE, f.name) for role in ("RUN", "START", "PROGRAMS")]

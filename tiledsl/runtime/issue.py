@@ -30,6 +30,7 @@ class PreparedCall:
     options: dict
     fold: bool            # the kernel is the call's entry (no separate entry launch)
     counts: list          # per-row counts of instances done that copy-engine chunks wait on, zeroed first
+    exit: bool = False    # inputs peers read in place: the kernel ends with a barrier of all ranks
     # after the first call on a GPU: the compiled entry and kernel relaunched directly, the copies
     # prepared; from the second, the whole call replayed from a CUDA graph
     issued: bool = False
@@ -69,7 +70,7 @@ class Issuing:
                         row[timeline.END] = timeline._host_now()
             else:
                 roles, grid = self._roles(call.env, only=spec.name)
-                roles.update(tds_ENTER=call.fold, tds_TRACE=self.trace)
+                roles.update(tds_ENTER=call.fold, tds_EXIT=call.exit, tds_TRACE=self.trace)
                 self._launch(grid, call.kernel_args, roles, call.options)
 
     def _launch(self, grid: int, args: dict, roles: dict, options: dict):

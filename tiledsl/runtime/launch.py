@@ -116,7 +116,7 @@ class Program(Issuing):
                 dtype = torch.int64 if spec.engine == "nvshmem" else torch.int32
                 res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots), dtype)
         if self.module.tds_DISTRIBUTED:
-            res["barrier"] = self._alloc_signals((self.world,), torch.int32)
+            res["barrier"] = self._alloc_signals((2 * self.world,), torch.int32)  # entry, then exit slots
         for name, order in self.module.tds_orders(env).items():
             res[f"order_{name}"] = order
             res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
@@ -207,14 +207,20 @@ class Program(Issuing):
         res = self._resources_for(env)
         # A staged tensor has two faces: this rank's own accesses use the caller's tensor (an inout is
         # written there), peers read the copy staged in the heap at the call's start.
+        # An `in` tensor the caller allocated on the heap (tiledsl.empty) is read by peers where it is: no
+        # copy, but an exit barrier, so that no rank overwrites it (after returning) while a peer reads it.
         views = dict(tensors)
-        shared = {}  # staged tensor -> its heap copy for this parity
+        shared = {}  # staged tensor -> its heap copy for this parity, or the caller's own heap tensor
+        in_place = set()
         for spec in self.module.tds_TENSORS:
-            if spec.staged:
+            if spec.staged and spec.role == "in" and self.heap is not None and self.heap.owns(tensors[spec.name]):
+                shared[spec.name] = tensors[spec.name]
+                in_place.add(spec.name)
+            elif spec.staged:
                 shared[spec.name] = res[spec.name][parity]
             elif spec.name in res:
                 views[spec.name] = res[spec.name]
-        staged = [(shared[name], tensors[name]) for name in shared]
+        staged = [(shared[name], tensors[name]) for name in shared if name not in in_place]
         barrier = ()
         if self.module.tds_DISTRIBUTED:
             barrier = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world)
@@ -223,11 +229,11 @@ class Program(Issuing):
         roles, grid = (None, 0) if self.emulated else self._roles(env)
         fold = self._folds_entry(copies, staged, grid)
         if roles is not None:
-            roles.update(tds_ENTER=fold, tds_TRACE=self.trace)
+            roles.update(tds_ENTER=fold, tds_EXIT=bool(in_place), tds_TRACE=self.trace)
         args = self._kernel_args(env, res, views, shared, barrier)
         counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
         return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold,
-                            counts)
+                            counts, exit=bool(in_place))
 
     def _folds_entry(self, copies, staged, grid) -> bool:
         """Whether the persistent kernel can be the call's entry itself (one launch fewer): only when no
@@ -396,7 +402,8 @@ class Program(Issuing):
             if int(diag[sync.DIAG_FLAG]):
                 res["diag"].zero_()
                 edge = int(diag[sync.DIAG_EDGE])
-                what = "the entry barrier" if edge == sync.BARRIER_EDGE else f"edge {edge}: {self.module.tds_EDGES[edge]}"
+                what = "the entry barrier" if edge == sync.BARRIER_EDGE else "the exit barrier" \
+                    if edge == sync.EXIT_EDGE else f"edge {edge}: {self.module.tds_EDGES[edge]}"
                 raise ScheduleTimeout(
                     f"rank {int(diag[sync.DIAG_RANK])} timed out waiting on {what} "
                     f"(waiting instance {int(diag[sync.DIAG_INSTANCE])}, expected epoch "
