@@ -19,7 +19,8 @@ import triton.language as tl
 DIAG_FLAG, DIAG_RANK, DIAG_EDGE, DIAG_INSTANCE, DIAG_EXPECTED, DIAG_SEEN = range(6)
 DIAG_SIZE = 8
 BARRIER_EDGE = -1  # the edge number a timed-out entry barrier reports
-GUARD_EDGE = -2    # guard site s (a device value past its bound) reports edge GUARD_EDGE - s
+EXIT_EDGE = -2     # and a timed-out exit barrier (inputs peers read in place, runtime/launch.py)
+GUARD_EDGE = -3    # guard site s (a device value past its bound) reports edge GUARD_EDGE - s
 _GUARD_EDGE = tl.constexpr(GUARD_EDGE)
 NONE_FOUND = tl.constexpr(2**31 - 1)
 

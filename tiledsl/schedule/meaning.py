@@ -65,7 +65,7 @@ def size_symbols(schedule: ir.Schedule) -> tuple[sympy.Symbol, ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def _size_symbols(params: tuple[str, ...], consts: tuple[str, ...]) -> tuple[sympy.Symbol, ...]:
+def _size_symbols(params: tuple, consts: tuple) -> tuple[sympy.Symbol, ...]:
     return tuple(ir.size_symbol(n) for n in (*params, *consts)) + (ir.WORLD,)
 
 
@@ -165,12 +165,13 @@ def _spread(schedule: ir.Schedule, world: int, sizes: dict[str, int], max_instan
     return sizes
 
 
-def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES) -> dict[str, int] | None:
+def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
+                 sizes: dict[str, int] | None = None) -> dict[str, int] | None:
     """`default_sizes` with every param that no launch condition constrains moved off the multiples of
     the consts (p + 1 + n for the n-th such param), so that last tiles are partial and sizes differ
     from one another: the checker proves the schedule there too. None where nothing can move or the
-    result breaks a condition or the instance bound."""
-    sizes = default_sizes(schedule, world, max_instances)
+    result breaks a condition or the instance bound. `sizes`: default_sizes' answer, if known."""
+    sizes = sizes or default_sizes(schedule, world, max_instances)
     bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
     free = [p for p in schedule.params if p not in bound]
     if not free:
