@@ -89,3 +89,15 @@ def moe_gemm_rs(Hx, ids, w, B):
                     rows[t] += float(w[r][t, k]) * (Hx[q][r, e, slot[t, k]].double() @ B[q][e].double())
         Y.append(rows)
     return {"Y": Y}
+
+
+def group_gemm(count, P, B):
+    """G[e, c] = P[e, c] @ B[e] below count[e] (zeros past it, never compared); count given back."""
+    G = []
+    for n, P_r, B_r in zip(count, P, B, strict=True):
+        out = torch.zeros(P_r.shape[0], P_r.shape[1], B_r.shape[-1], dtype=torch.float64)
+        for e in range(P_r.shape[0]):
+            rows = int(n[e])
+            out[e, :rows] = P_r[e, :rows].double() @ B_r[e].double()
+        G.append(out)
+    return {"G": G, "count": list(count)}
