@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
-#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace
+#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace moe
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine)
 # Logs and JSON go to $OUT (or bench/results/); a short table is printed last. With PACK=FILE.tgz
@@ -62,6 +62,9 @@ for stage in $stages; do
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     trace) run trace_world2 300 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
+    moe)  # the MoE programs at world 2: checks against torch, then the benchmark against torch's paths
+      run moe_checks_world2 300 torchrun --nproc-per-node=2 tests/gpu/moe_checks.py
+      run moe_world2 300 torchrun --nproc-per-node=2 bench/bench_moe.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do

@@ -82,3 +82,11 @@ def test_fail_lines_of_an_earlier_run_left_in_out_do_not_count(tmp_path):
 def test_an_unknown_stage_fails(tmp_path):
     code, out = gpu_all(tmp_path, ["checks", "nonsense"], CLEAN)
     assert code == 1 and "unknown stage nonsense" in out
+
+
+def test_the_moe_stage_runs_its_checks_then_its_benchmark(tmp_path):
+    outputs = {"moe_checks": "PASS moe_dispatch T=128\n1 run, 0 failed\n", "bench_moe": "3 outputs checked\n"}
+    code, out = gpu_all(tmp_path, ["moe"], outputs)
+    assert code == 0, out
+    assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
+        ["moe_checks_world2", "0", "1", "0"], ["moe_world2", "0", "0", "0"]]
