@@ -202,7 +202,9 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                    tuple(map(max, write.lo, other.lo)), tuple(map(min, write.hi, other.hi)))
     message = f"{family_text(schedule, a.family)} {does} {tensor} while {family_text(schedule, b.family)} " \
               f"may still {may} it"
-    hint = f"add an edge: {a.family}[{', '.join(schedule.families[a.family].index_names)}] after {b.family}[...]"
+    indices = schedule.families[a.family].index_names
+    consumer = f"{a.family}[{', '.join(indices)}]" if indices else a.family  # `keep after ...`: no indices
+    hint = f"add an edge: {consumer} after {b.family}[...]"
     if a.family == b.family:
         message = (f"instances of {family_text(schedule, a.family)} "
                    f"{'both write' if other.write else 'read and write'} the same elements of {tensor}")
