@@ -61,7 +61,7 @@ for stage in $stages; do
         run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
-    trace) run trace_world2 300 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
+    trace) run trace_world2 330 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do
