@@ -72,7 +72,38 @@ def _size_symbols(params: tuple, consts: tuple) -> tuple[sympy.Symbol, ...]:
 # ---- sizes ---------------------------------------------------------------------------------------
 
 def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES) -> dict[str, int]:
-    """Small values for the program's params at `world` ranks, for checking and emulation.
+    """Small values for the program's params at `world` ranks, for checking and emulation (`_small_sizes`),
+    with every capacity at the worst case of the rows routed into it (`_worst_case_capacities`)."""
+    return _worst_case_capacities(schedule, world, _small_sizes(schedule, world, max_instances), max_instances)
+
+
+def _worst_case_capacities(schedule: ir.Schedule, world: int, sizes: dict[str, int], max_instances: int) -> dict:
+    """`sizes` with each capacity param that caps a histogram raised, where it is lower, to the most rows
+    any routing puts in one bin: the rows of the routed ids where a row's ids can be distinct (top-k),
+    else all of them (DeepEP's num_worst_tokens). Random routings, as `tiledsl run` and the tests draw
+    them, then never exceed capacity at the default sizes. Unchanged where that breaks a launch condition
+    or the instance bound."""
+    values = {ir.size_symbol(n): v for n, v in {**schedule.consts, **sizes}.items()} | {ir.WORLD: world}
+    raised = dict(sizes)
+    for family in schedule.families.values():
+        for store in family.stores:
+            route, cap = store.value, schedule.tensors[store.target.tensor].cap
+            if not (isinstance(route, ir.Route) and route.func == "histogram" and isinstance(cap, sympy.Symbol)
+                    and cap.name in raised):
+                continue
+            try:
+                shape = [int(e.subs(values)) for e in route.source.shape]
+                bins = int(route.bins.subs(values))
+            except TypeError:  # a shape that depends on an index: no single worst case
+                continue
+            rows = math.prod(shape[:-1]) if shape and shape[-1] <= bins else math.prod(shape)
+            raised[cap.name] = max(raised[cap.name], rows)
+    fits = _conditions_hold(schedule, world, raised) and _total(schedule, world, raised) <= max_instances
+    return raised if fits else sizes
+
+
+def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int) -> dict[str, int]:
+    """Small values for the program's params at `world` ranks.
 
     Every param is set to world * L * k, with L the lcm of the consts and of the numbers in the launch
     conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
