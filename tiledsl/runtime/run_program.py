@@ -35,8 +35,9 @@ class Verdict:
 
 
 def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict) -> list[dict]:
-    """Random inputs for every rank: normal values, and for an integer tensor of ids, values its uses
-    accept (`id_bounds`), distinct along each row where a row can hold distinct ones (a top-k)."""
+    """Random inputs for every rank: normal values, for an integer tensor of ids values its uses accept
+    (`id_bounds`), distinct along each row where a row can hold distinct ones (a top-k), and for counts
+    declared with a cap values 0 .. cap."""
     reference = Reference(schedule, world, sizes)
     generator = torch.Generator().manual_seed(seed)
     bounds = {name: evaluate(bound, reference.env) for name, bound in id_bounds(schedule).items()}
@@ -49,6 +50,9 @@ def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict) -
                 dtype = getattr(torch, dtype_map.get(tensor.dtype, tensor.dtype))
                 if name in bounds:
                     tensors[name] = random_ids(shapes[name], bounds[name], generator).to(dtype)
+                elif tensor.cap is not None:  # counts given by the caller: 0 .. cap, as declared
+                    cap = evaluate(tensor.cap, reference.env)
+                    tensors[name] = torch.randint(0, cap + 1, tuple(shapes[name]), generator=generator).to(dtype)
                 else:
                     tensors[name] = torch.randn(shapes[name], generator=generator).to(dtype)
         inputs.append(tensors)
