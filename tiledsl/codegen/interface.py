@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import Copy, Load, Loop, Place, Product, Put, Store, TmaStore, Zeros
+from tiledsl.codegen.body import Arange, Copy, Dot, Full, Load, Loop, Place, Product, Put, Store, TmaStore, Zeros
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -117,7 +117,7 @@ def _needs(family, plan) -> set[str]:
             names.add(f"tds_peers_{p.tensor}")
         names.update(d.block for d in p.dims if isinstance(d.block, str))
 
-    for s in walk(family.body):
+    for s in walk(family.head + family.body):
         if isinstance(s, (Load, Store)):
             place(s.place)
         elif isinstance(s, Copy):
@@ -134,8 +134,12 @@ def _needs(family, plan) -> set[str]:
                 names.add(s.block_k)
         elif isinstance(s, TmaStore):
             names.update({f"tds_desc_{family.name}_c", s.tensor})
-        elif isinstance(s, Zeros):
+        elif isinstance(s, (Zeros, Full)):
             names.update(b for b in s.blocks if isinstance(b, str))
+        elif isinstance(s, Arange) and isinstance(s.block, str):
+            names.add(s.block)
+        elif isinstance(s, Dot):
+            names.update(t for t in (s.convert_left, s.convert_right) if t is not None)
     if family.waits:
         names.update({EPOCH, "tds_diag", "tds_max_spins", "rank"})
         names.update(f"tds_sig_{w.producer}" for w in family.waits)

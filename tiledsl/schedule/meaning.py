@@ -10,8 +10,13 @@ rank runs them, or what an edge waits for.
 - **Edges**: a consumer instance waits on the producer instances its edge names. An index or rank that
   falls outside the producer family names no instance there: **no wait**, in the checker, the
   kernel (a guarded wait) and the reference alike.
+- **Steps**: a tile with a loop runs as a chain of nodes: its entry (its edges' waits, what it does
+  before the loop), then one node per step of the loop (that step's `wait`s, then what it reads), then
+  its exit (what it does after the loop; its signal follows). A `wait` in the loop names, at each step,
+  the producer instance its index map gives for that step's value of the loop variable. Every other
+  instance is one node. Waits point at a producer's exit.
 - **Deadlock**: the waits plus each rank's serial order (its families in sequence, each in its order,
-  one instance after another) have a cycle. That is the most serial way to run the schedule, the
+  one instance after another, each instance's nodes in turn) have a cycle. That is the most serial way to run the schedule, the
   emulator's; a GPU runs a subset of those orders concurrently, so it cannot deadlock if this does not.
 - **Race**: two overlapping accesses to one rank's copy of a tensor, at least one a write, that no path
   of waits orders (program order does not count: a family's instances run on many programs at once).
@@ -206,8 +211,11 @@ def target(schedule: ir.Schedule, edge: ir.Edge) -> Target:
     bounds = [(i, extent) for i, (_, extent) in zip(edge.index_map, producer.indices) if i is not None]
     if edge.ranks is ir.RankSet.AT:
         bounds.append((rank, ir.WORLD))
-    known = dict(schedule.families[edge.consumer].indices)
+    consumer = schedule.families[edge.consumer]
+    known = dict(consumer.indices)
     known[ir.RANK] = ir.WORLD
+    if edge.loop is not None and consumer.loop is not None:
+        known[edge.loop] = consumer.loop.extent
     conditions = [c for i, extent in bounds for c in (sympy.Ge(i, 0), sympy.Lt(i, extent)) if not _holds(c, known)]
     return Target(edge.index_map, rank, sympy.And(*conditions))
 
@@ -249,6 +257,7 @@ class Access:
     hi: tuple[int, ...]
     # before clipping, per dimension: (smallest start, largest start, largest stop) over the loop variables
     reach: tuple[tuple[int, int, int], ...]
+    node: int = -1                         # the node it happens at (Concrete.node_of); -1: the instance's
 
     @property
     def empty(self) -> bool:
@@ -257,10 +266,12 @@ class Access:
 
 @dataclass(frozen=True)
 class Wait:
-    """One edge of one consumer instance: it starts after every producer instance is complete."""
+    """One edge of one consumer instance: it starts (or, with `step`, that step of its loop starts)
+    after every producer instance is complete."""
     consumer: int
     edge: int                   # position in schedule.edges
     producers: tuple[int, ...]  # the same tuple object for every wait on the same producer set
+    step: int | None = None     # a `wait` in the consumer's loop: the step it waits at
 
 
 @dataclass(frozen=True)
@@ -270,6 +281,7 @@ class Skipped:
     edge: int
     index: tuple[int | None, ...]  # the producer index the map gave (None: `*`)
     rank: int                      # the producer rank it asked for
+    step: int | None = None
 
 
 @dataclass
@@ -286,6 +298,44 @@ class Concrete:
     accesses: list[Access]
     waits: list[Wait]
     skipped: list[Skipped]
+    # the nodes of instances with a loop, after the instances' own: (instance, step), step -1 the entry
+    parts: list[tuple[int, int]] = None
+    looped: dict[int, tuple[int, int]] = None           # instance with a loop -> (its entry node, its steps)
+
+    @property
+    def node_count(self) -> int:
+        return len(self.instances) + len(self.parts)
+
+    def entry(self, position: int) -> int:
+        """The node an instance starts at: its own, or its entry node where it has a loop."""
+        return self.looped[position][0] if position in self.looped else position
+
+    def steps(self, position: int) -> int:
+        """How many steps the instance's loop runs (0 without a loop)."""
+        return self.looped[position][1] if position in self.looped else 0
+
+    def step_node(self, position: int, step: int) -> int:
+        return self.looped[position][0] + 1 + step
+
+    def node_of(self, access_or_wait) -> int:
+        """The node where an access happens or a wait holds."""
+        if isinstance(access_or_wait, Wait):
+            if access_or_wait.step is None:
+                return self.entry(access_or_wait.consumer)
+            return self.step_node(access_or_wait.consumer, access_or_wait.step)
+        return access_or_wait.instance if access_or_wait.node < 0 else access_or_wait.node
+
+    def instance_of(self, node: int) -> tuple[int, int | None]:
+        """(instance, step) of a node: step None for the instance's exit (or its only node), -1 its entry."""
+        if node < len(self.instances):
+            return node, None
+        return self.parts[node - len(self.instances)]
+
+    def chain(self):
+        """Arcs of program order inside each instance with a loop: entry, each step, exit."""
+        for position, (entry, count) in self.looped.items():
+            nodes = [entry] + [entry + 1 + n for n in range(count)] + [position]
+            yield from zip(nodes, nodes[1:])
 
     def position(self, family: str, rank: int, index: Sequence[int]) -> int | None:
         """The position of an instance in `instances`, or None outside the family's index space."""
@@ -307,17 +357,20 @@ class Concrete:
         return [p for family in self.sequence for p in self.in_order(family, rank)]
 
     def runnable(self) -> list[int]:
-        """Every instance of every rank in an order that respects both the waits and each rank's
-        serial order: what the reference runs. Raises ValueError if there is none (a deadlock)."""
-        after: list[list[int]] = [[] for _ in self.instances]
+        """Every node (an instance, or an entry, step or exit of one with a loop) of every rank in an
+        order that respects the waits, each rank's serial order and each instance's own order: what the
+        reference runs. Raises ValueError if there is none (a deadlock)."""
+        after: list[list[int]] = [[] for _ in range(self.node_count)]
         for wait in self.waits:
             for producer in wait.producers:
-                after[producer].append(wait.consumer)
+                after[producer].append(self.node_of(wait))
+        for first, then in self.chain():
+            after[first].append(then)
         for rank in range(self.world):
             serial = self.serial(rank)
             for first, then in zip(serial, serial[1:]):
-                after[first].append(then)
-        waiting = [0] * len(self.instances)
+                after[first].append(self.entry(then))
+        waiting = [0] * self.node_count
         for nexts in after:
             for n in nexts:
                 waiting[n] += 1
@@ -327,7 +380,7 @@ class Concrete:
                 waiting[n] -= 1
                 if waiting[n] == 0:
                     ready.append(n)
-        if len(ready) < len(self.instances):
+        if len(ready) < self.node_count:
             raise ValueError("the schedule deadlocks at these sizes")
         return ready
 
@@ -345,9 +398,11 @@ def instantiate(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> Con
     all_sizes = dict(zip((*schedule.params, *schedule.consts), values))
     shapes = {name: tuple(compile_exprs(t.shape, size_symbols(schedule))(*values))
               for name, t in schedule.tensors.items()}
-    done = Concrete(schedule, world, all_sizes, sequence, [], [], {}, {}, shapes, [], [], [])
+    done = Concrete(schedule, world, all_sizes, sequence, [], [], {}, {}, shapes, [], [], [], [], {})
     for family in schedule.families.values():
         _family_instances(done, family, values)
+    for family in schedule.families.values():
+        _family_steps(done, family, values)
     for family in schedule.families.values():
         _family_accesses(done, family, values)
     for number, edge in enumerate(schedule.edges):
@@ -369,12 +424,29 @@ def _family_instances(done: Concrete, family: ir.Family, values: tuple) -> None:
         done.extents[family.name].append(extents)
 
 
+def _family_steps(done: Concrete, family: ir.Family, values: tuple) -> None:
+    """The entry and step nodes of each instance of a tile with a loop (its exit is the instance)."""
+    loop = family.loop
+    if loop is None:
+        return
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices))
+    extent = compile_exprs((loop.extent,), symbols)
+    for rank in range(done.world):
+        for position in done.ranges[family.name][rank]:
+            (count,) = extent(*values, rank, *done.instances[position].index)
+            done.looped[position] = (done.node_count, max(0, count))
+            done.parts.append((position, -1))
+            done.parts.extend((position, step) for step in range(max(0, count)))
+
+
 def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
     loops = [s for s, _ in family.loops]
-    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *loops)
+    step_var = () if family.loop is None else (family.loop.var,)
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *step_var, *loops)
     loop_extents = compile_exprs(tuple(e for _, e in family.loops), (*size_symbols(done.schedule), ir.RANK))
     regions = [(r, False) for r in family.reads] + [(r, True) for r in family.writes]
-    for region, write in regions:
+    phases = family.phases or (None,) * len(regions)
+    for (region, write), phase in zip(regions, phases):
         exprs = (region.owner if region.owner is not None else ir.RANK,
                  *(e for d in region.dims for e in (d.start, d.size)))
         evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
@@ -385,21 +457,28 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                       for s, n in zip(loops, loop_extents(*values, rank))]
             for position in done.ranges[family.name][rank]:
                 index = done.instances[position].index
-                by_copy: dict[int, list[tuple]] = {}
-                for loop_values in itertools.product(*looped):
-                    owner, *dims = evaluate(rank, *index, *loop_values)
-                    by_copy.setdefault(owner, []).append(dims)
-                for copy, points in by_copy.items():
-                    done.accesses.append(_box(position, region, write, copy, points, shape))
+                if phase is ir.Phase.STEP:  # one access per step, at that step's node
+                    at = [((step,), done.step_node(position, step)) for step in range(done.steps(position))]
+                elif phase is ir.Phase.ENTRY:
+                    at = [((0,), done.entry(position))]
+                else:
+                    at = [((0,) * len(step_var), -1)]
+                for step, node in at:
+                    by_copy: dict[int, list[tuple]] = {}
+                    for loop_values in itertools.product(*looped):
+                        owner, *dims = evaluate(rank, *index, *step, *loop_values)
+                        by_copy.setdefault(owner, []).append(dims)
+                    for copy, points in by_copy.items():
+                        done.accesses.append(_box(position, region, write, copy, points, shape, node))
 
 
-def _box(position, region, write, copy, points, shape) -> Access:
+def _box(position, region, write, copy, points, shape, node: int = -1) -> Access:
     """The hull of a region over its loop variables' values, on one copy."""
     if len(points) == 1:
         starts = points[0][0::2]
         stops = [a + n for a, n in zip(starts, points[0][1::2])]
         return Access(position, region, write, copy, tuple(max(0, a) for a in starts),
-                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)))
+                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)), node)
     reach, lo, hi = [], [], []
     for n, extent in enumerate(shape):
         starts = [p[2 * n] for p in points]
@@ -407,7 +486,7 @@ def _box(position, region, write, copy, points, shape) -> Access:
         reach.append((min(starts), max(starts), max(stops)))
         lo.append(max(0, min(starts)))
         hi.append(min(extent, max(stops)))
-    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach))
+    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach), node)
 
 
 def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> None:
@@ -415,23 +494,26 @@ def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> No
     named = target(done.schedule, edge)
     mapped = [e for e in named.index if e is not None]
     exprs = (*mapped, named.rank if named.rank is not None else ir.RANK)
-    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in consumer.indices))
+    step_var = () if edge.loop is None else (edge.loop,)
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in consumer.indices), *step_var)
     evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
     shared: dict[tuple, tuple[int, ...]] = {}
     for rank in range(done.world):
         for position in done.ranges[edge.consumer][rank]:
-            *found, at = evaluate(rank, *done.instances[position].index)
-            it = iter(found)
-            index = tuple(None if e is None else next(it) for e in named.index)
-            ranks = range(done.world) if named.rank is None else (at,)
-            key = (index, tuple(ranks))
-            if key not in shared:
-                shared[key] = _producers(done, edge.producer, index, ranks)
-            producers, missing = shared[key]
-            if missing is not None:
-                done.skipped.append(Skipped(position, number, index, missing))
-            if producers:
-                done.waits.append(Wait(position, number, producers))
+            steps = [None] if edge.loop is None else range(done.steps(position))
+            for step in steps:
+                *found, at = evaluate(rank, *done.instances[position].index, *(() if step is None else (step,)))
+                it = iter(found)
+                index = tuple(None if e is None else next(it) for e in named.index)
+                ranks = range(done.world) if named.rank is None else (at,)
+                key = (index, tuple(ranks))
+                if key not in shared:
+                    shared[key] = _producers(done, edge.producer, index, ranks)
+                producers, missing = shared[key]
+                if missing is not None:
+                    done.skipped.append(Skipped(position, number, index, missing, step))
+                if producers:
+                    done.waits.append(Wait(position, number, producers, step))
 
 
 def _producers(done: Concrete, family: str, index, ranks) -> tuple[tuple[int, ...], int | None]:
