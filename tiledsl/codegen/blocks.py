@@ -19,6 +19,10 @@ from tiledsl.schedule.values import value_shape
 from tiledsl.tables import FUNCTIONS
 
 MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
+# names the kernel template gives itself around a family's statements: never a statement's
+TEMPLATE_NAMES = {"tds_t", "tds_inst", "tds_part", "tds_k", "tds_a", "tds_b", "tds_first", "tds_last", "tds_step",
+                  "tds_r", "tds_c", "tds_r0", "tds_c0", "tds_block", "tds_inside", "tds_peer", "tds_pid",
+                  "tds_epoch", "tds_program", "tds_programs", "tds_rank", "tds_wpart"}
 
 
 def lower_block(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], kernel, step_waits) -> b.TileBody:
@@ -44,7 +48,7 @@ class _Block:
     def __init__(self, schedule, family, consts, kernel, step_waits):
         self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
         self.step_waits = step_waits
-        self.names: set[str] = set()
+        self.names: set[str] = set(TEMPLATE_NAMES)
         self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time blocks: name, the size it covers
         self.block_of: dict = {}
         self.aranges: dict[tuple, str] = {}
@@ -105,7 +109,9 @@ class _Block:
 
     def statements(self, statements, out: list) -> None:
         for statement in statements:
-            if isinstance(statement, ir.Let):
+            if isinstance(statement, ir.SizeLet):
+                out.append(b.Assign(statement.symbol.name, b.Scalar(self.k(statement.value), integer=True)))
+            elif isinstance(statement, ir.Let):
                 self.value(statement.value, out, into=statement.name)
                 self.shapes[statement.name] = statement.shape
             elif isinstance(statement, ir.Loop):
@@ -114,8 +120,12 @@ class _Block:
                         blocks = tuple(self.block(d) for d in carried.shape)
                         out.append(b.Full(carried.name, blocks, carried.name))
                     self.shapes[carried.name] = carried.shape
-                steps: list = list(self.step_waits)
+                steps: list = []
                 self.statements(statement.body, steps)
+                # a step's waits come after the size names its waits use, before anything it reads
+                sizes = next((n for n, s in enumerate(statement.body) if not isinstance(s, ir.SizeLet)),
+                             len(statement.body))
+                steps[sizes:sizes] = self.step_waits
                 out.append(b.Loop(statement.var, self.k(statement.extent), tuple(steps),
                                   1 if self.step_waits else None))
                 for carried in statement.carried:
@@ -151,7 +161,7 @@ class _Block:
             return self.load(value, native, out, into)
         if isinstance(value, ir.Transpose):
             inner = self.value(value.value, out)
-            name = into or self.fresh("t")
+            name = into or self.fresh("trans")
             out.append(b.Trans(name, inner))
             return name
         if isinstance(value, ir.MatMul):
@@ -210,7 +220,7 @@ class _Block:
             return self.load(value, True, out, None), False
         if isinstance(value, ir.Transpose) and isinstance(value.value, ir.Load):
             inner = self.load(value.value, True, out, None)
-            name = self.fresh("t")
+            name = self.fresh("trans")
             out.append(b.Trans(name, inner))
             return name, False
         if isinstance(value, ir.Local) and value.name in self.dot_only:

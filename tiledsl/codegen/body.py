@@ -49,8 +49,8 @@ class Place:
     dims: tuple[Dim, ...]
     axes: int  # axes of the block it sits in: its own axes are the trailing ones
     # the aranges its axes run along (Arange names): a block tile's values have shapes of their own,
-    # so each place names its own; empty: the tile's one block (render.AXES)
-    names: tuple[str, ...] = ()
+    # so each place names its own; None: the tile's one block (render.AXES)
+    names: tuple[str, ...] | None = None
 
 
 # ---- statements ------------------------------------------------------------------------------------

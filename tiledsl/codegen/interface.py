@@ -103,9 +103,11 @@ def _exprs(value):
 
 def symbols_of(family) -> set[sympy.Symbol]:
     """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
+    from tiledsl.codegen.body import Assign
     parts = (family.indices, family.body, family.notify, family.count_row)
     found = set().union(*(e.free_symbols for e in _exprs(parts)))
-    return found - _local_symbols(family)
+    named = {s.name for s in walk(family.body) if isinstance(s, Assign)}  # a tile's own size names
+    return {s for s in found - _local_symbols(family) if s.name not in named}
 
 
 def _needs(family, plan) -> set[str]:

@@ -73,7 +73,7 @@ def slot_code(expr, family) -> str:
 
 def axes_of(family) -> list[tuple[str, str]]:
     """(name, arange) of the block axes a tile's loads and stores use: hoisted out of the instance loop."""
-    places = [s.place for s in body_walk(family.body) if isinstance(s, (body.Load, body.Store)) and not s.place.names]
+    places = [s.place for s in body_walk(family.body) if isinstance(s, (body.Load, body.Store)) and s.place.names is None]
     if not places:
         return []
     count = places[0].axes
@@ -96,7 +96,7 @@ def body_walk(statements):
 def offset(place: body.Place, axis_names=None) -> str:
     """The element offset of a place's block from its base, dimension by dimension: the start (plus
     the block's arange along its axis) times the stride."""
-    axis_names = axis_names or place.names or AXES[place.axes]
+    axis_names = axis_names or (place.names if place.names is not None else AXES[place.axes])
     terms = []
     for dim in place.dims:
         if dim.axis is None:
@@ -114,7 +114,7 @@ def mask(places, axis_names=None) -> str:
     """Which elements of the block exist: inside the tensor(s), and inside the region where the block is
     larger than it."""
     places = places if isinstance(places, (list, tuple)) else [places]
-    axis_names = axis_names or places[0].names or AXES[places[0].axes]
+    axis_names = axis_names or (places[0].names if places[0].names is not None else AXES[places[0].axes])
     parts = []
     for dim in (d for place in places for d in place.dims):
         if dim.axis is None:

@@ -245,7 +245,8 @@ class _Builder(Transformer):
             value = float(text) if any(c in text for c in ".eE") else int(text)
         except ValueError:  # more digits than int() accepts
             value = float("inf")
-        if not -2**63 <= value < 2**63:
+        # sizes are 64-bit integers; a value (a tile's -1e30) may be any finite float
+        if isinstance(value, int) and not -2**63 <= value < 2**63 or value in (float("inf"), -float("inf")):
             raise TdsError([error(f"number {text[:20]}{'...' if len(text) > 20 else ''} is too large "
                                   "(numbers fit in 64 bits)", _span(meta))])
         return ast.Num(value, _span(meta))

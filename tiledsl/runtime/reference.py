@@ -118,19 +118,25 @@ class Reference:
         """One node of a tile written as a block (meaning.py): before its loop (step -1), one step of
         the loop, or after it (step None; the whole block where there is no loop)."""
         names = self.names.setdefault(position, {})
+        sizes = names.setdefault(None, {})  # the tile's size names bound so far (before its loop)
         loop = family.loop
         at = family.body.index(loop) if loop is not None else len(family.body)
         if step is not None and step >= 0:
-            self.statements(loop.body, {**env, loop.var.name: step}, rank, names)
+            self.statements(loop.body, {**env, **sizes, loop.var.name: step}, rank, names)
             return
         part = family.body[:at] if step == -1 else family.body if loop is None else family.body[at + 1:]
+        env = {**env, **sizes}
         self.statements(part, env, rank, names)
+        sizes.update({k: v for k, v in env.items() if k not in self.env and k not in ("rank", *family.index_names)})
         if step is None:
             del self.names[position]
 
     def statements(self, statements, env: dict, rank: int, names: dict) -> None:
+        """In order; a size name updates `env` (in place) for what follows."""
         for statement in statements:
-            if isinstance(statement, ir.Let):
+            if isinstance(statement, ir.SizeLet):
+                env[statement.symbol.name] = evaluate(statement.value, env)
+            elif isinstance(statement, ir.Let):
                 names[statement.name] = self.value(statement.value, env, rank, names)
             elif isinstance(statement, ir.Store):
                 self.store(statement, env, rank, names)

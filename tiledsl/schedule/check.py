@@ -38,7 +38,8 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     for world in WORLDS:
         try:
             # sizes the tiles divide, and sizes where last tiles are partial
-            at_sizes = [default_sizes(schedule, world), ragged_sizes(schedule, world)]
+            sizes = default_sizes(schedule, world)
+            at_sizes = [sizes, ragged_sizes(schedule, world, sizes=sizes)]
             concretes = [instantiate(schedule, world, sizes) for sizes in at_sizes if sizes is not None]
         except ValueError as why:
             unchecked.append(str(why))  # the launch conditions exclude this world, say

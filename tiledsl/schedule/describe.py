@@ -78,7 +78,9 @@ def _statements(statements, indent: str) -> list[str]:
     """A tile's block: its names, its loop (with what it carries) and its stores."""
     lines = []
     for statement in statements:
-        if isinstance(statement, ir.Let):
+        if isinstance(statement, ir.SizeLet):
+            lines.append(f"{indent}size    {statement.symbol} = {statement.value}")
+        elif isinstance(statement, ir.Let):
             lines.append(f"{indent}let     {statement.name} = {value_text(statement.value)}"
                          f"   ({statement.dtype}{_shape(statement.shape)})")
         elif isinstance(statement, ir.Loop):

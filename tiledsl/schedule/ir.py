@@ -137,6 +137,15 @@ class Let:
 
 
 @dataclass(frozen=True)
+class SizeLet:
+    """`pk = (n - 1 - t) / NK` in a tile's block: a size that depends on the instance (or the step),
+    named. Regions, waits and extents after it use `symbol`; what they mean is the expression with
+    every such symbol replaced by its value (`Family.expand`), and the kernel computes it once, here."""
+    symbol: sympy.Symbol
+    value: sympy.Expr  # over sizes, rank, the family's indices, the loop's variable and earlier SizeLets
+
+
+@dataclass(frozen=True)
 class Carried:
     """A name a loop carries from each step to the next: bound before the loop (its initial value,
     broadcast to `shape`), rebound in it (the update), read after it (the last step's value)."""
@@ -156,7 +165,7 @@ class Loop:
     span: ast.Span = field(compare=False)
 
 
-Statement = Union[Let, Loop, Store]
+Statement = Union[Let, Loop, Store, SizeLet]
 
 
 class Phase(enum.Enum):
@@ -210,6 +219,22 @@ class Family:
     def loop(self) -> Loop | None:
         """The tile's loop (one at most)."""
         return next((s for s in self.body if isinstance(s, Loop)), None)
+
+    def expand(self, expr):
+        """`expr` with the tile's size names replaced by their values: over sizes, rank, indices and
+        the loop's variable only. What a region, a wait or an extent means; the kernel keeps the names."""
+        values = {}
+        for statement in _size_lets(self.body):
+            values[statement.symbol] = sympy.sympify(statement.value).xreplace(values)
+        return sympy.sympify(expr).xreplace(values) if values else expr
+
+
+def _size_lets(statements):
+    for statement in statements:
+        if isinstance(statement, SizeLet):
+            yield statement
+        elif isinstance(statement, Loop):
+            yield from _size_lets(statement.body)
 
 
 class RankSet(enum.Enum):

@@ -65,17 +65,20 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
     the consts at their values, every index extent that depends on a param is at least 2, and all ranks
     together have at most `max_instances` instances. Where no k up to MAX_MULTIPLE gives that, L is cut
-    to what the conditions alone need, and then two instances per index are no longer insisted on.
+    to what the conditions alone need, then each param gets a unit of its own (`_units`: what it is
+    divided by, so that batch and head counts stay small beside a sequence length that blocks divide),
+    and then two instances per index are no longer insisted on.
     Raises ValueError when nothing meets the conditions within the bound (a condition on consts and
     world alone that fails at this world, say, or an index space that is large at any valid size)."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
     needed = math.lcm(1, *(int(a) for c in schedule.conditions for a in c.holds.subs(consts).atoms(sympy.Integer)
                             if a > 0))
     bases = dict.fromkeys([world * math.lcm(needed, *schedule.consts.values()), world * needed])
+    units = _units(schedule, world)
     params, fallback = set(schedule.params), None
-    for base in bases if params else [0]:
+    for base in [*bases, units] if params else [0]:
         for k in range(1, MAX_MULTIPLE + 1 if params else 2):
-            sizes = {p: base * k for p in schedule.params}
+            sizes = {p: (base[p] if isinstance(base, dict) else base) * k for p in schedule.params}
             if not _conditions_hold(schedule, world, sizes):
                 continue
             total, too_few = 0, False
@@ -97,12 +100,44 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     return fallback
 
 
-def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES) -> dict[str, int] | None:
+def _units(schedule: ir.Schedule, world: int) -> dict[str, int]:
+    """Per param, what its sizes are multiples of: the lcm of the numbers (consts and world at their
+    values) that it is divided by anywhere in the schedule, and of those in the launch conditions on
+    it; 1 for a param nothing divides (a batch, a head count)."""
+    values = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
+    values[ir.WORLD] = world
+    symbols = {ir.size_symbol(p): p for p in schedule.params}
+    units = dict.fromkeys(schedule.params, 1)
+    exprs = [d for t in schedule.tensors.values() for d in t.shape]
+    exprs += [e for f in schedule.families.values() for _, e in f.indices] + [v for _, v in schedule.lets]
+    exprs += [e for f in schedule.families.values() for r in f.reads + f.writes for d in r.dims
+              for e in (d.start, d.size)]
+    for expr in exprs + [c.holds for c in schedule.conditions]:
+        for node in sympy.preorder_traversal(sympy.sympify(expr)):
+            if isinstance(node, sympy.Mod):
+                divided, by = node.args
+            elif node.is_Mul:
+                divided, by = node.as_numer_denom()
+            else:
+                continue
+            by = sympy.sympify(by).subs(values)
+            if by.is_Integer and int(by) > 1:
+                for symbol in sympy.sympify(divided).free_symbols & set(symbols):
+                    units[symbols[symbol]] = math.lcm(units[symbols[symbol]], int(by))
+    for condition in schedule.conditions:
+        numbers = [int(a) for a in condition.holds.subs(values).atoms(sympy.Integer) if a > 1]
+        for symbol in condition.holds.free_symbols & set(symbols):
+            units[symbols[symbol]] = math.lcm(units[symbols[symbol]], *numbers)
+    return units
+
+
+def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
+                 sizes: dict[str, int] | None = None) -> dict[str, int] | None:
     """`default_sizes` with every param that no launch condition constrains moved off the multiples of
     the consts (p + 1 + n for the n-th such param), so that last tiles are partial and sizes differ
     from one another: the checker proves the schedule there too. None where nothing can move or the
     result breaks a condition or the instance bound."""
-    sizes = default_sizes(schedule, world, max_instances)
+    sizes = sizes or default_sizes(schedule, world, max_instances)  # `sizes`: default_sizes', made already
     bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
     free = [p for p in schedule.params if p not in bound]
     if not free:
@@ -430,7 +465,7 @@ def _family_steps(done: Concrete, family: ir.Family, values: tuple) -> None:
     if loop is None:
         return
     symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices))
-    extent = compile_exprs((loop.extent,), symbols)
+    extent = compile_exprs((family.expand(loop.extent),), symbols)
     for rank in range(done.world):
         for position in done.ranges[family.name][rank]:
             (count,) = extent(*values, rank, *done.instances[position].index)
@@ -447,8 +482,8 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
     regions = [(r, False) for r in family.reads] + [(r, True) for r in family.writes]
     phases = family.phases or (None,) * len(regions)
     for (region, write), phase in zip(regions, phases):
-        exprs = (region.owner if region.owner is not None else ir.RANK,
-                 *(e for d in region.dims for e in (d.start, d.size)))
+        exprs = tuple(family.expand(e) for e in (region.owner if region.owner is not None else ir.RANK,
+                                                 *(e for d in region.dims for e in (d.start, d.size))))
         evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
         mentioned = set().union(*(sympy.sympify(e).free_symbols for e in exprs))
         shape = done.shapes[region.tensor]
@@ -493,7 +528,7 @@ def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> No
     consumer = done.schedule.families[edge.consumer]
     named = target(done.schedule, edge)
     mapped = [e for e in named.index if e is not None]
-    exprs = (*mapped, named.rank if named.rank is not None else ir.RANK)
+    exprs = tuple(consumer.expand(e) for e in (*mapped, named.rank if named.rank is not None else ir.RANK))
     step_var = () if edge.loop is None else (edge.loop,)
     symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in consumer.indices), *step_var)
     evaluate = functools.partial(compile_exprs(exprs, symbols), *values)

@@ -29,6 +29,8 @@ class TileBody:
         self.loop_vars: set = set()
         self.waits: list = []           # (ast.Dep, scope, loop variable): edges the builder resolves
         self.step_locals: set[str] = set()
+        self.size_names: set[str] = set()
+        self.stepping: tuple | None = None   # (variable, extent) while the loop's body is built
 
     # ---- statements ---------------------------------------------------------------------------------
     def build(self, space, engine) -> ir.Family:
@@ -97,7 +99,7 @@ class TileBody:
             self.step_locals.add(name.id)
         if isinstance(value, ir.Scalar) and not isinstance(value.value, float) and integral(dtype) \
                 and name.id not in self.carried and name.id not in self.v.locals:
-            self.scope = self.scope.child(**{name.id: sympy.sympify(value.value)})
+            self.size(name, sympy.sympify(value.value), out)
             return
         if self.scope.lookup(name.id) is not None and name.id not in self.v.locals:
             self.b.fail(f"'{name.id}' names a size here and cannot also name a value", name.span,
@@ -106,6 +108,33 @@ class TileBody:
         self.record(reads, phase)
         self.v.locals[name.id] = (shape, dtype)
         out.append(ir.Let(name.id, value, shape, dtype))
+
+    def size(self, name: ast.Name, value: sympy.Expr, out: list) -> None:
+        """A size name: one that depends on the instance or the step is kept as a symbol (the kernel
+        computes it once, and generated code reads like the program); one of sizes alone is its value."""
+        if name.id in self.size_names:
+            self.b.fail(f"'{name.id}' is already a size of this tile; a size name is bound once", name.span,
+                        hint="give it another name")
+            return
+        self.size_names.add(name.id)
+        instance = set(self.scope.indices.values()) | self.loop_vars | {ir.RANK}
+        if not value.free_symbols & instance:
+            self.scope = self.scope.child(**{name.id: value})
+            return
+        symbol = sympy.Symbol(name.id, integer=True, nonnegative=True) if self.nonnegative(value) else \
+            sympy.Symbol(name.id, integer=True)
+        self.scope = self.scope.child(**{name.id: symbol})
+        out.append(ir.SizeLet(symbol, value))
+
+    def nonnegative(self, value: sympy.Expr) -> bool:
+        """Whether a size is never negative, knowing rank < world and the loop's variable below its
+        extent: then the kernel floors its divisions with plain `//` (tiledsl/schedule/intcode.py)."""
+        spare = sympy.Symbol("tds_spare", integer=True, nonnegative=True)
+        probe = value.xreplace({ir.WORLD: ir.RANK + 1 + spare})
+        if self.stepping is not None:
+            rest = sympy.Symbol("tds_rest", integer=True, nonnegative=True)
+            probe = probe.xreplace({self.stepping[0]: self.stepping[1] - 1 - rest})
+        return bool(probe.is_nonnegative)
 
     def bindable(self, name: ast.Name) -> bool:
         if name.id in self.b.sizes or name.id in ("rank", "inf") or name.id in self.b.declared:
@@ -142,12 +171,15 @@ class TileBody:
         for attempt in range(2):
             quiet = attempt == 0
             mark = (len(self.b.diagnostics), self.b.failures, len(self.accesses), len(self.waits))
+            sizes_before = set(self.size_names)
             self.scope = before_scope.child(**{name: var})
+            self.stepping = (var, extent)
             self.v.locals = {**before_locals, **shapes}
             body: list = []
             self.steps(statement.body, body)
             updated = {n: self.v.locals[n] for n in self.carried if n in self.v.locals}
             if quiet:
+                self.size_names = sizes_before
                 del self.b.diagnostics[mark[0]:]
                 self.b.failures = mark[1]
                 del self.accesses[mark[2]:]
@@ -163,7 +195,7 @@ class TileBody:
             carried.append(ir.Carried(n, end[0], end[1]))
         self.statements.append(ir.Loop(var, extent, tuple(body), tuple(carried), statement.span))
         # after the loop: carried names hold their last value; a step's own names are gone
-        self.scope = before_scope
+        self.scope, self.stepping = before_scope, None
         self.v.locals = {**before_locals, **{c.name: (c.shape, c.dtype) for c in carried}}
         self.v.gone = {n: f"'{n}' is bound in the loop's steps; after the loop only names bound before it "
                           "(carried) hold a value" for n in self.step_locals - set(self.v.locals)}
@@ -183,7 +215,7 @@ class TileBody:
             else:
                 count = len(out)
                 self.assign(statement, ir.Phase.STEP, out)
-                reading |= len(out) > count  # a value statement (a size name is no read)
+                reading |= any(not isinstance(s, ir.SizeLet) for s in out[count:])  # a size name reads nothing
 
 
 def _carried_names(body) -> set[str]:

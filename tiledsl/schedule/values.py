@@ -18,9 +18,14 @@ def same(a: sympy.Expr, b: sympy.Expr) -> bool:
     return a == b or sympy.simplify(a - b) == 0
 
 
+def one(size) -> bool:
+    """A dimension of size 1 as written (a row statistic's, `rows(n)`'s second): no algebra needed."""
+    return sympy.sympify(size) == 1
+
+
 def squeezed(shape) -> tuple:
     """A shape without its dimensions of size 1: [BM, 1] stores into a region of shape [BM]."""
-    return tuple(d for d in shape if not same(d, 1))
+    return tuple(d for d in shape if not one(d))
 
 
 def integral(dtype: str) -> bool:
@@ -315,9 +320,9 @@ class ValueBuilder:
         tail = longer[len(longer) - len(shorter):]
         out = list(longer[:len(longer) - len(shorter)])
         for a, b in zip(tail, shorter):
-            if same(a, b) or same(b, 1):
+            if one(b) or same(a, b):
                 out.append(a)
-            elif same(a, 1):
+            elif one(a):
                 out.append(b)
             else:
                 self.b.fail(f"shapes {shape_text(sa)} and {shape_text(sb)} do not match", span)
@@ -421,6 +426,6 @@ def value_shape(value: ir.Value, names: dict) -> tuple:
         if len(other) > len(shape):
             shape, other = other, shape
         tail = shape[len(shape) - len(other):]
-        merged = tuple(b if same(a, 1) else a for a, b in zip(tail, other))
+        merged = tuple(b if one(a) else a for a, b in zip(tail, other))
         shape = shape[:len(shape) - len(other)] + merged
     return shape
