@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
-#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild
-#                                        (default: checks gemm overlap collectives; rebuild compares with
-#                                        the build unpacked in .baseline/, carried to the machine)
+#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives attention profile variants
+#                                        rebuild (default: checks gemm overlap collectives; rebuild
+#                                        compares with the build unpacked in .baseline/, carried to the
+#                                        machine; attention runs at ATTENTION_WORLDS, default 2)
 # Logs and JSON go to $OUT (or bench/results/); a short table is printed last. With PACK=FILE.tgz
 # they are also packed into one file after every stage (the device returns at most 8 files, and a
 # command stopped at its time limit still returns what was packed). WORLDS=4 picks the worlds run
@@ -58,6 +59,11 @@ for stage in $stages; do
       done
       for w in ${COLLECTIVE_WORLDS:-$worlds}; do
         run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
+      done ;;
+    attention)  # sequence-parallel prefill and distributed decode: checks, then benchmarks
+      for w in ${ATTENTION_WORLDS:-2}; do
+        run "attention_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/attention_checks.py
+        run "attention_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_attention.py
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
