@@ -211,11 +211,53 @@ def test_a_wait_goes_at_the_top_of_a_step_and_only_in_a_loop():
     assert error.hint == "attn[i] after producer[...]"
 
 
-def test_one_loop_per_tile_and_no_loop_in_a_loop():
+def test_one_loop_per_tile_one_inside_it_and_no_wait_inside_that():
     second = ONE_RANK.replace("    O[i*BM", "    for d in 2:\n        acc = acc + 1\n    O[i*BM")
     assert at(the_error(second, "a tile has one loop")) == where(second, "for d in 2")
-    nested = ONE_RANK.replace("        m = mn\n", "        m = mn\n        for d in 2:\n            x = 1\n")
-    assert at(the_error(nested, "a loop inside a loop is not supported yet")) == where(nested, "for d in 2")
+    nested = ONE_RANK.replace("        m = mn\n", "        m = mn\n        for d in 2:\n            for e in 2:\n"
+                                                  "                x = 1\n")
+    assert at(the_error(nested, "a loop two deep inside a tile's loop")) == where(nested, "for e in 2")
+    waiting = GATHERED.replace("        wait gk[(c*BN)/Nl], gv[(c*BN)/Nl]\n",
+                               "        for d in 2:\n            wait gk[d]\n")
+    error = the_error(waiting, "`wait` goes in a step of the tile's loop, not in a loop inside it")
+    assert at(error) == where(waiting, "wait gk[d]")
+    gone = ONE_RANK.replace("        m = mn\n", "        m = mn\n        for d in 2:\n            x = acc\n"
+                                                "        acc = x\n")
+    line, column = where(gone, "acc = x")
+    assert at(the_error(gone, "'x' is bound in the inner loop")) == (line, column + len("acc = "))
+
+
+# A loop over pieces that waits for each piece, and inside each step a loop over the piece's blocks
+# that waits for nothing: the inner loop's reads happen at the step, over all its blocks.
+PIECES = GATHERED.replace("""    for t in N / BN:
+        c = (rank*(Nl/BN) + t) mod (N/BN)
+        wait gk[(c*BN)/Nl], gv[(c*BN)/Nl]
+        s = (q @ K_all[c*BN : +BN, :].T) * 0.25
+        mn = max(m, rowmax(s)); p = exp2(s - mn); alpha = exp2(m - mn)
+        l = l * alpha + rowsum(p)
+        acc = acc * alpha + bf16(p) @ V_all[c*BN : +BN, :]
+        m = mn
+""", """    for t in world:
+        piece = (rank + t) mod world
+        wait gk[piece], gv[piece]
+        for c in Nl / BN:
+            s = (q @ K_all[piece*Nl + c*BN : +BN, :].T) * 0.25
+            mn = max(m, rowmax(s)); p = exp2(s - mn); alpha = exp2(m - mn)
+            l = l * alpha + rowsum(p)
+            acc = acc * alpha + bf16(p) @ V_all[piece*Nl + c*BN : +BN, :]
+            m = mn
+""")
+
+
+def test_a_step_that_waits_for_its_piece_covers_the_loop_inside_it():
+    assert PIECES != GATHERED
+    schedule = run(PIECES, until="check").schedule
+    outer = schedule.families["attn"].loop
+    (inner,) = [s for s in outer.body if s.__class__.__name__ == "Loop"]
+    assert {c.name for c in outer.carried} == {c.name for c in inner.carried} == {"m", "l", "acc"}
+    # the twin: the inner loop reads one block into the next piece, which its step did not wait for
+    twin = PIECES.replace("for c in Nl / BN:", "for c in Nl / BN + 1:")
+    assert the_error(twin, "race: tile 'attn' reads K_all while chunk 'gk' may still write it")
 
 
 def test_a_size_name_is_bound_once():

@@ -107,7 +107,8 @@ class _Block:
     def shape(self, value) -> tuple:
         return value_shape(value, self.shapes)
 
-    def statements(self, statements, out: list) -> None:
+    def statements(self, statements, out: list, depth: int = 0) -> None:
+        """`depth` 0: the tile's own statements; 1: a step of its loop, whose waits it gets first."""
         for statement in statements:
             if isinstance(statement, ir.SizeLet):
                 out.append(b.Assign(statement.symbol.name, b.Scalar(self.k(statement.value), integer=True)))
@@ -121,13 +122,13 @@ class _Block:
                         out.append(b.Full(carried.name, blocks, carried.name))
                     self.shapes[carried.name] = carried.shape
                 steps: list = []
-                self.statements(statement.body, steps)
+                self.statements(statement.body, steps, depth + 1)
+                waits = self.step_waits if depth == 0 else ()
                 # a step's waits come after the size names its waits use, before anything it reads
                 sizes = next((n for n, s in enumerate(statement.body) if not isinstance(s, ir.SizeLet)),
                              len(statement.body))
-                steps[sizes:sizes] = self.step_waits
-                out.append(b.Loop(statement.var, self.k(statement.extent), tuple(steps),
-                                  1 if self.step_waits else None))
+                steps[sizes:sizes] = waits
+                out.append(b.Loop(statement.var, self.k(statement.extent), tuple(steps), 1 if waits else None))
                 for carried in statement.carried:
                     self.shapes[carried.name] = carried.shape
             else:

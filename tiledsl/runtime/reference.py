@@ -134,7 +134,10 @@ class Reference:
     def statements(self, statements, env: dict, rank: int, names: dict) -> None:
         """In order; a size name updates `env` (in place) for what follows."""
         for statement in statements:
-            if isinstance(statement, ir.SizeLet):
+            if isinstance(statement, ir.Loop):  # a loop inside a step: every value, here
+                for value in range(evaluate(statement.extent, env)):
+                    self.statements(statement.body, {**env, statement.var.name: value}, rank, names)
+            elif isinstance(statement, ir.SizeLet):
                 env[statement.symbol.name] = evaluate(statement.value, env)
             elif isinstance(statement, ir.Let):
                 names[statement.name] = self.value(statement.value, env, rank, names)

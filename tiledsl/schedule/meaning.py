@@ -475,10 +475,14 @@ def _family_steps(done: Concrete, family: ir.Family, values: tuple) -> None:
 
 
 def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
-    loops = [s for s, _ in family.loops]
+    """Each region an instance reads or writes, at the node where it does (meaning's docstring), as
+    the hull over the variables it runs along inside that node: a reduction's (`s` of sum(... for s in
+    world)) and an inner loop's of the tile's loop, whose extent may depend on the instance and step."""
+    hull = [s for s, _ in family.loops]
     step_var = () if family.loop is None else (family.loop.var,)
-    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *step_var, *loops)
-    loop_extents = compile_exprs(tuple(e for _, e in family.loops), (*size_symbols(done.schedule), ir.RANK))
+    at_node = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *step_var)
+    symbols = (*at_node, *hull)
+    hull_extents = compile_exprs(tuple(family.expand(e) for _, e in family.loops), at_node)
     regions = [(r, False) for r in family.reads] + [(r, True) for r in family.writes]
     phases = family.phases or (None,) * len(regions)
     for (region, write), phase in zip(regions, phases):
@@ -486,10 +490,10 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                                                  *(e for d in region.dims for e in (d.start, d.size))))
         evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
         mentioned = set().union(*(sympy.sympify(e).free_symbols for e in exprs))
+        hulled = any(s in mentioned for s in hull)
         shape = done.shapes[region.tensor]
+        accesses = done.accesses
         for rank in range(done.world):
-            looped = [range(n) if s in mentioned else range(1)
-                      for s, n in zip(loops, loop_extents(*values, rank))]
             for position in done.ranges[family.name][rank]:
                 index = done.instances[position].index
                 if phase is ir.Phase.STEP:  # one access per step, at that step's node
@@ -499,12 +503,18 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                 else:
                     at = [((0,) * len(step_var), -1)]
                 for step, node in at:
+                    if not hulled:  # one point: the common case, kept cheap (the checker runs it often)
+                        owner, *dims = evaluate(rank, *index, *step, *((0,) * len(hull)))
+                        accesses.append(_box(position, region, write, owner, (dims,), shape, node))
+                        continue
+                    extents = hull_extents(*values, rank, *index, *step)
+                    looped = [range(max(0, n)) if s in mentioned else range(1) for s, n in zip(hull, extents)]
                     by_copy: dict[int, list[tuple]] = {}
                     for loop_values in itertools.product(*looped):
                         owner, *dims = evaluate(rank, *index, *step, *loop_values)
                         by_copy.setdefault(owner, []).append(dims)
                     for copy, points in by_copy.items():
-                        done.accesses.append(_box(position, region, write, copy, points, shape, node))
+                        accesses.append(_box(position, region, write, copy, points, shape, node))
 
 
 def _box(position, region, write, copy, points, shape, node: int = -1) -> Access:
@@ -512,7 +522,7 @@ def _box(position, region, write, copy, points, shape, node: int = -1) -> Access
     if len(points) == 1:
         starts = points[0][0::2]
         stops = [a + n for a, n in zip(starts, points[0][1::2])]
-        return Access(position, region, write, copy, tuple(max(0, a) for a in starts),
+        return Access(position, region, write, copy, tuple([a if a > 0 else 0 for a in starts]),
                       tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)), node)
     reach, lo, hi = [], [], []
     for n, extent in enumerate(shape):

@@ -152,32 +152,55 @@ class TileBody:
 
     # ---- the loop ---------------------------------------------------------------------------------
     def loop(self, statement: ast.For) -> None:
+        """The tile's loop, whose steps are the nodes its waits attach to."""
+        missing = [n for n in self.carried if n not in self.v.locals]
+        for n in missing:  # rebound in the loop but never bound before it: a step's own name
+            self.carried.discard(n)
+        built = self.carrying(statement, self.carried, self.steps, stepped=True)
+        if built is not None:
+            self.statements.append(built)
+        self.v.gone = {n: f"'{n}' is bound in the loop's steps; after the loop only names bound before it "
+                          "(carried) hold a value" for n in self.step_locals - set(self.v.locals)}
+
+    def inner(self, statement: ast.For, out: list) -> None:
+        """A loop inside a step of the tile's loop: no waits (its accesses happen at the step's node,
+        over all its values), its own carried state (names bound before it and rebound in it)."""
+        carried = set(self.v.locals) & _bound(statement.body)
+        before = set(self.v.locals)
+        built = self.carrying(statement, carried, self.inner_steps, stepped=False)
+        if built is not None:
+            out.append(built)
+            self.loops[built.var] = built.extent  # the step's accesses cover every value of its variable
+        inside = _bound(statement.body) - before
+        self.v.gone = {**self.v.gone, **{n: f"'{n}' is bound in the inner loop; after it only names bound "
+                                            "before it (carried) hold a value" for n in inside}}
+
+    def carrying(self, statement: ast.For, carried: set[str], build, stepped: bool) -> ir.Loop | None:
+        """A loop and the state it carries, its body built by `build(statements, out)`."""
         extent = self.b.size(statement.extent, self.scope)
         name = statement.var.id
         if self.scope.lookup(name) is not None or name in self.v.locals or name in self.b.tensors:
             self.b.fail(f"loop variable '{name}' shadows another name", statement.var.span)
-            return
+            return None
         if extent is None:
-            return
+            return None
         var = ir.index_symbol(name)
         self.loop_vars.add(var)
-        before_scope, before_locals = self.scope, dict(self.v.locals)
-        missing = [n for n in self.carried if n not in before_locals]
-        for n in missing:  # rebound in the loop but never bound before it: a step's own name
-            self.carried.discard(n)
+        before_scope, before_locals, before_stepping = self.scope, dict(self.v.locals), self.stepping
         # Carried state may start as a scalar (`m = -inf`) and take its shape from its update: a first
         # pass, quiet, finds the shapes the updates give; the second, with them, is the one that counts.
-        shapes = {n: before_locals[n] for n in self.carried}
+        shapes = {n: before_locals[n] for n in carried}
         for attempt in range(2):
             quiet = attempt == 0
             mark = (len(self.b.diagnostics), self.b.failures, len(self.accesses), len(self.waits))
             sizes_before = set(self.size_names)
             self.scope = before_scope.child(**{name: var})
-            self.stepping = (var, extent)
+            if stepped:
+                self.stepping = (var, extent)
             self.v.locals = {**before_locals, **shapes}
             body: list = []
-            self.steps(statement.body, body)
-            updated = {n: self.v.locals[n] for n in self.carried if n in self.v.locals}
+            build(statement.body, body)
+            updated = {n: self.v.locals[n] for n in carried if n in self.v.locals}
             if quiet:
                 self.size_names = sizes_before
                 del self.b.diagnostics[mark[0]:]
@@ -185,37 +208,46 @@ class TileBody:
                 del self.accesses[mark[2]:]
                 del self.waits[mark[3]:]
                 shapes = {n: (_wider(shapes[n][0], updated[n][0]), updated[n][1]) for n in updated}
-        carried = []
-        for n in sorted(self.carried):
+        state = []
+        for n in sorted(carried):
             start, end = before_locals[n], self.v.locals[n]
             if not (len(start[0]) == 0 or _same_shape(start[0], end[0])) or not _same_shape(shapes[n][0], end[0]):
                 self.b.fail(f"'{n}' is carried across the loop, but it starts with shape {shape_text(start[0])} "
                             f"and the loop rebinds it with shape {shape_text(end[0])}", statement.span,
                             hint="a carried value keeps one shape (a scalar start is broadcast to it)")
-            carried.append(ir.Carried(n, end[0], end[1]))
-        self.statements.append(ir.Loop(var, extent, tuple(body), tuple(carried), statement.span))
-        # after the loop: carried names hold their last value; a step's own names are gone
-        self.scope, self.stepping = before_scope, None
-        self.v.locals = {**before_locals, **{c.name: (c.shape, c.dtype) for c in carried}}
-        self.v.gone = {n: f"'{n}' is bound in the loop's steps; after the loop only names bound before it "
-                          "(carried) hold a value" for n in self.step_locals - set(self.v.locals)}
+            state.append(ir.Carried(n, end[0], end[1]))
+        # after the loop: carried names hold their last value; the steps' own names are gone
+        self.scope, self.stepping = before_scope, before_stepping
+        self.v.locals = {**before_locals, **{c.name: (c.shape, c.dtype) for c in state}}
+        return ir.Loop(var, extent, tuple(body), tuple(state), statement.span)
 
     def steps(self, statements, out: list) -> None:
         reading = False  # whether this step has read anything yet: its waits must come first
         for statement in statements:
             if isinstance(statement, ast.For):
-                self.b.fail("a loop inside a loop is not supported yet", statement.span)
+                count = len(out)
+                self.inner(statement, out)
+                reading |= len(out) > count
             elif isinstance(statement, ast.Wait):
                 if reading:
                     self.b.fail("a step waits before it reads anything: move `wait` up, above the values it "
                                 "protects", statement.span)
                     continue
-                loop_var = next(iter(sorted(self.loop_vars, key=str)))
-                self.waits.extend((dep, self.scope, loop_var) for dep in statement.deps)
+                self.waits.extend((dep, self.scope, self.stepping[0]) for dep in statement.deps)
             else:
                 count = len(out)
                 self.assign(statement, ir.Phase.STEP, out)
                 reading |= any(not isinstance(s, ir.SizeLet) for s in out[count:])  # a size name reads nothing
+
+    def inner_steps(self, statements, out: list) -> None:
+        for statement in statements:
+            if isinstance(statement, ast.For):
+                self.b.fail("a loop two deep inside a tile's loop is not supported yet", statement.span)
+            elif isinstance(statement, ast.Wait):
+                self.b.fail("`wait` goes in a step of the tile's loop, not in a loop inside it", statement.span,
+                            hint="wait at the top of the step, for everything the inner loop reads")
+            else:
+                self.assign(statement, ir.Phase.STEP, out)
 
 
 def _carried_names(body) -> set[str]:
@@ -231,7 +263,14 @@ def _carried_names(body) -> set[str]:
 
 
 def _bound(statements) -> set[str]:
-    return {s.target.id for s in statements if isinstance(s, ast.Assign) and isinstance(s.target, ast.Name)}
+    """Names the statements bind, in loops inside them too."""
+    names = set()
+    for s in statements:
+        if isinstance(s, ast.Assign) and isinstance(s.target, ast.Name):
+            names.add(s.target.id)
+        elif isinstance(s, ast.For):
+            names |= _bound(s.body)
+    return names
 
 
 def _same_shape(a, b) -> bool:
