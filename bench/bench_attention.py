@@ -38,6 +38,9 @@ PREFILL_HEADS, PREFILL_KV_HEADS, D = 32, 8, 128
 DECODE_BATCHES = (1, 8)
 DECODE_KV = (1024, 4096, 16384, 65536, 131072)         # cache positions a rank
 DECODE_HEADS, DECODE_KV_HEADS = 64, 8
+# block variants timed beside the programs' defaults (consts at build): the best is reported apart
+PREFILL_BLOCKS = ({"BM": 64, "BN": 64}, {"BM": 128, "BN": 64})
+DECODE_SLICES = (8, 16, 32)  # NS: slices of a rank's cache, a part tile each (the default is 8)
 BF16 = {"device": "cuda", "dtype": torch.bfloat16}
 _said = set()
 
@@ -112,10 +115,17 @@ def prefill_row(programs, B, tokens, rank, world, verdicts):
     # causal attention over the sequence: 4 B H S^2 D / 2 flops, shared evenly by the zig-zag pieces
     row["tflop_per_rank"] = 4 * B * H * (2 * world * P) ** 2 * D / 2 / world / 1e12
     tag = f"prefill B={B} tokens={tokens}"
-    sp, local = programs["sp_ag_attention"], programs["attention_local"]
-    row["tiledsl"] = time_checked(verdicts, f"{tag} sp_ag_attention", program_call(sp, Q, K, V, O), sp.check, O, want)
-    row["tiledsl_attention_alone"] = time_checked(verdicts, f"{tag} attention_local (the tile alone)",
-                                                  program_call(local, Q, K_all, V_all, O), local.check, O, want)
+    for n, blocks in enumerate(PREFILL_BLOCKS):
+        label = "" if n == 0 else f"_BM{blocks['BM']}_BN{blocks['BN']}"
+        sp, local = programs[f"sp_ag_attention{label}"], programs[f"attention_local{label}"]
+        row[f"tiledsl{label}"] = time_checked(verdicts, f"{tag} sp_ag_attention {blocks}",
+                                              program_call(sp, Q, K, V, O), sp.check, O, want)
+        row[f"tiledsl_attention_alone{label}"] = time_checked(
+            verdicts, f"{tag} attention_local (the tile alone) {blocks}", program_call(local, Q, K_all, V_all, O),
+            local.check, O, want)
+    labels = [""] + [f"_BM{b['BM']}_BN{b['BN']}" for b in PREFILL_BLOCKS[1:]]
+    row["tiledsl_best"], row["tiledsl_best_blocks"] = min(
+        ((row[f"tiledsl{label}"], label or "default") for label in labels), key=lambda x: (math.isnan(x[0]), x[0]))
     from torch.nn.attention import SDPBackend
     K_buf, V_buf = torch.empty(world, *K.shape, **BF16), torch.empty(world, *V.shape, **BF16)
     best_alone, best_total = (NAN, None), (NAN, None)
@@ -199,7 +209,7 @@ def graphed(fn):
     return graph.replay
 
 
-def decode_row(program, B, C, world, verdicts):
+def decode_row(programs, B, C, world, verdicts):
     H, HKV = DECODE_HEADS, DECODE_KV_HEADS
     Q, O = torch.randn(B, H, D, **BF16), torch.empty(B, H, D, **BF16)
     dist.broadcast(Q, 0)  # one query token a sequence, the same on every rank
@@ -210,8 +220,14 @@ def decode_row(program, B, C, world, verdicts):
     packed = torch.empty(world, B, H, D + 1, device="cuda")
     row = {"op": "decode", "world": world, "B": B, "kv_per_rank": C, "H": H, "HKV": HKV, "D": D}
     tag = f"decode B={B} kv={C}"
-    row["tiledsl"] = time_checked(verdicts, f"{tag} flash_decode", program_call(program, Q, K, V, Lens, O),
-                                  program.check, O, want, timer=time_loop_ms)
+    for slices, program in programs.items():
+        key = "tiledsl" if slices == DECODE_SLICES[0] else f"tiledsl_NS{slices}"
+        row[key] = time_checked(verdicts, f"{tag} flash_decode NS={slices}", program_call(program, Q, K, V, Lens, O),
+                                program.check, O, want, timer=time_loop_ms)
+        program.release()  # its prepared calls keep this row's caches alive
+    row["tiledsl_best"], row["tiledsl_best_slices"] = min(
+        ((row["tiledsl" if n == DECODE_SLICES[0] else f"tiledsl_NS{n}"], n) for n in DECODE_SLICES),
+        key=lambda x: (math.isnan(x[0]), x[0]))
     best = (NAN, None)
     for how in ("flash", "matmul"):
         def eager(check, how=how):
@@ -239,20 +255,23 @@ def ratio(a, b) -> str:
 def table(rows) -> str:
     lines = ["Prefill (ms; speed-ups are baseline / tiledsl):", "",
              "| B | tokens/rank | tiledsl SP | tiledsl attention alone | AG + SDPA (backend) | SDPA alone (backend) "
-             "| SP vs AG+SDPA | tile vs SDPA alone | SP / own attention | tile TFLOP/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| SP vs AG+SDPA | tile vs SDPA alone | SP / own attention | tile TFLOP/s | best SP (blocks) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["op"] == "prefill"):
         tflops = r["tflop_per_rank"] / (r["tiledsl_attention_alone"] / 1e3)
         lines.append(f"| {r['B']} | {r['tokens_per_rank']} | {r['tiledsl']:.3f} | {r['tiledsl_attention_alone']:.3f} | "
                      f"{r['torch_ag_sdpa']:.3f} ({r['torch_ag_sdpa_backend']}) | {r['torch_alone']:.3f} "
                      f"({r['torch_alone_backend']}) | {ratio(r['torch_ag_sdpa'], r['tiledsl'])} | "
                      f"{ratio(r['torch_alone'], r['tiledsl_attention_alone'])} | "
-                     f"{ratio(r['tiledsl'], r['tiledsl_attention_alone'])} | {tflops:.0f} |")
+                     f"{ratio(r['tiledsl'], r['tiledsl_attention_alone'])} | {tflops:.0f} | "
+                     f"{r['tiledsl_best']:.3f} ({r['tiledsl_best_blocks']}) |")
     lines += ["", "Decode (ms per step, 20 steps back to back):", "",
-              "| B | KV/rank | tiledsl | torch (variant) | speed-up |", "|---|---|---|---|---|"]
+              "| B | KV/rank | tiledsl (NS=8) | best tiledsl (NS) | torch (variant) | speed-up | best speed-up |",
+              "|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["op"] == "decode"):
-        lines.append(f"| {r['B']} | {r['kv_per_rank']} | {r['tiledsl']:.4f} | {r['torch']:.4f} ({r['torch_variant']}) "
-                     f"| {ratio(r['torch'], r['tiledsl'])} |")
+        lines.append(f"| {r['B']} | {r['kv_per_rank']} | {r['tiledsl']:.4f} | {r['tiledsl_best']:.4f} "
+                     f"({r['tiledsl_best_slices']}) | {r['torch']:.4f} ({r['torch_variant']}) | "
+                     f"{ratio(r['torch'], r['tiledsl'])} | {ratio(r['torch'], r['tiledsl_best'])} |")
     return "\n".join(lines)
 
 
@@ -287,9 +306,14 @@ def main() -> int:
     torch.manual_seed(rank)
     heap = open_heap()
     verdicts = Verdicts()
-    programs = {"sp_ag_attention": tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap),
-                "attention_local": tiledsl.compile(ROOT / "bench" / "experiments" / "attention_local.tds", heap),
-                "flash_decode": tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap)}
+    programs = {}
+    for n, blocks in enumerate(PREFILL_BLOCKS):
+        label = "" if n == 0 else f"_BM{blocks['BM']}_BN{blocks['BN']}"
+        programs[f"sp_ag_attention{label}"] = tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap,
+                                                              **blocks)
+        programs[f"attention_local{label}"] = tiledsl.compile(ROOT / "bench" / "experiments" / "attention_local.tds",
+                                                              heap, **blocks)
+    decode = {n: tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap, NS=n) for n in DECODE_SLICES}
     rows = []
     for B, tokens in PREFILL:
         rows.append(prefill_row(programs, B, tokens, rank, world, verdicts))
@@ -299,10 +323,9 @@ def main() -> int:
             program.release()
     for B in DECODE_BATCHES:
         for C in DECODE_KV:
-            rows.append(decode_row(programs["flash_decode"], B, C, world, verdicts))
+            rows.append(decode_row(decode, B, C, world, verdicts))
             if rank == 0:
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
-            programs["flash_decode"].release()  # its prepared calls keep this row's caches alive
             torch.cuda.empty_cache()
     if rank == 0:
         print(table(rows), flush=True)
