@@ -60,6 +60,12 @@ class SymmetricHeap:
             self._offsets[key] = torch.tensor(offsets, dtype=torch.int64, device=t.device)
         return self._offsets[key]
 
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether `t` is one of this heap's tensors (from `alloc`, or `tiledsl.empty`), whole and contiguous:
+        peers can read it where it is."""
+        kept = self._allocations.get(t.data_ptr())
+        return kept is not None and t.is_contiguous() and t.shape == kept.shape and t.dtype == kept.dtype
+
     def barrier(self) -> None:
         """Host-side barrier across ranks, after all work already enqueued on the current stream is done."""
         raise NotImplementedError

@@ -19,6 +19,7 @@ import triton.language as tl
 DIAG_FLAG, DIAG_RANK, DIAG_EDGE, DIAG_INSTANCE, DIAG_EXPECTED, DIAG_SEEN = range(6)
 DIAG_SIZE = 8
 BARRIER_EDGE = -1  # the edge number a timed-out entry barrier reports
+EXIT_EDGE = -2     # and a timed-out exit barrier (inputs peers read in place, runtime/launch.py)
 
 EMULATED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 

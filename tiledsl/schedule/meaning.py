@@ -53,7 +53,12 @@ def compile_exprs(exprs: tuple, symbols: tuple) -> Callable[..., tuple]:
 
 def size_symbols(schedule: ir.Schedule) -> tuple[sympy.Symbol, ...]:
     """Params, consts and world: the leading arguments of every compiled expression, in this order."""
-    return tuple(ir.size_symbol(n) for n in (*schedule.params, *schedule.consts)) + (ir.WORLD,)
+    return _size_symbols(tuple(schedule.params), tuple(schedule.consts))
+
+
+@functools.lru_cache(maxsize=256)
+def _size_symbols(params: tuple, consts: tuple) -> tuple[sympy.Symbol, ...]:
+    return tuple(ir.size_symbol(n) for n in (*params, *consts)) + (ir.WORLD,)
 
 
 # ---- sizes ---------------------------------------------------------------------------------------
@@ -136,8 +141,8 @@ def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INS
     """`default_sizes` with every param that no launch condition constrains moved off the multiples of
     the consts (p + 1 + n for the n-th such param), so that last tiles are partial and sizes differ
     from one another: the checker proves the schedule there too. None where nothing can move or the
-    result breaks a condition or the instance bound."""
-    sizes = sizes or default_sizes(schedule, world, max_instances)  # `sizes`: default_sizes', made already
+    result breaks a condition or the instance bound. `sizes`: default_sizes' answer, if known."""
+    sizes = sizes or default_sizes(schedule, world, max_instances)
     bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
     free = [p for p in schedule.params if p not in bound]
     if not free:
