@@ -5,6 +5,7 @@ steps waited for; a carried value must keep one shape; names bound in a step are
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from tiledsl.diagnostics import TdsError
 from tiledsl.pipeline import run
 from tiledsl.schedule.meaning import default_sizes, instantiate
 from tiledsl.schedule.witness import Race
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tds(text: str) -> str:
@@ -307,3 +310,24 @@ def test_a_top_level_line_may_still_be_indented_and_a_block_may_end_the_file_wit
             Y[i] = x""")
     assert not source.endswith("\n")
     run(source, until="check")
+
+
+# ---- the programs' own waits: each is needed ------------------------------------------------------
+
+PROGRAM_WAITS = {  # program: (its `wait` line, the race without it, where it is reported)
+    "sp_ag_attention": ("race: tile 'attn' reads K_all while chunk 'gk' may still write it", "K_all[b, pk, c*BN"),
+    "sp_ulysses": ("race: tile 'attn' reads Kh while tile 'pk' may still write it", "Kh[ks, c*BM"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAM_WAITS))
+def test_without_its_waits_each_attention_program_races_at_the_step_that_reads(name):
+    path = ROOT / "programs" / f"{name}.tds"
+    source = path.read_text()
+    wait = next(line for line in source.splitlines() if line.strip().startswith("wait "))
+    message, site = PROGRAM_WAITS[name]
+    twin = source.replace(wait + "\n", "")
+    race = the_error(twin, message)
+    assert at(race) == where(twin, site)
+    assert race.hint.startswith("wait for it in the loop")
+    assert run(source, until="check").warnings == []

@@ -218,7 +218,8 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                 f"give each instance its own region, or chain them: {hint}")
     elif a.rank != b.rank:
         hint += " @ every rank"
-    if concrete.instance_of(concrete.node_of(waiter))[1] is not None:
+    step = concrete.instance_of(concrete.node_of(waiter))[1]
+    if step is not None and step >= 0:
         # the read happens in a step of a loop: that step's `wait` is what orders it
         hint = f"wait for it in the loop, before the step reads it: `wait {b.family}[...]`"
     at_a, at_b = node_text(concrete, concrete.node_of(waiter)), node_text(concrete, concrete.node_of(waited))
