@@ -320,10 +320,12 @@ class ValueBuilder:
         tail = longer[len(longer) - len(shorter):]
         out = list(longer[:len(longer) - len(shorter)])
         for a, b in zip(tail, shorter):
-            if one(b) or same(a, b):
+            if one(b):
                 out.append(a)
-            elif one(a):
+            elif one(a):  # before `same`: simplify is slow, and a size 1 against a symbol is no equality
                 out.append(b)
+            elif same(a, b):
+                out.append(a)
             else:
                 self.b.fail(f"shapes {shape_text(sa)} and {shape_text(sb)} do not match", span)
                 return None
