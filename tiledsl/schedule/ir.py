@@ -4,6 +4,7 @@ program's symbols (params, consts, `rank`, `world`, family indices); `let` names
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -223,10 +224,23 @@ class Family:
     def expand(self, expr):
         """`expr` with the tile's size names replaced by their values: over sizes, rank, indices and
         the loop's variable only. What a region, a wait or an extent means; the kernel keeps the names."""
+        if not self._size_values:
+            return expr
+        expr = sympy.sympify(expr)
+        if expr not in self._expanded:  # the checker asks for the same ones at every world and size
+            self._expanded[expr] = expr.xreplace(self._size_values)
+        return self._expanded[expr]
+
+    @functools.cached_property
+    def _size_values(self) -> dict:
         values = {}
         for statement in _size_lets(self.body):
             values[statement.symbol] = sympy.sympify(statement.value).xreplace(values)
-        return sympy.sympify(expr).xreplace(values) if values else expr
+        return values
+
+    @functools.cached_property
+    def _expanded(self) -> dict:
+        return {}
 
 
 def _size_lets(statements):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -81,6 +82,9 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     bases = dict.fromkeys([world * math.lcm(needed, *schedule.consts.values()), world * needed])
     units = _units(schedule, world)
     params, fallback = set(schedule.params), None
+    # per family, which of its indices have an extent that a param sets: those must reach 2
+    sized = {name: [bool({str(s) for s in sympy.sympify(e).free_symbols} & params) for _, e in family.indices]
+             for name, family in schedule.families.items()}
     for base in [*bases, units] if params else [0]:
         for k in range(1, MAX_MULTIPLE + 1 if params else 2):
             sizes = {p: (base[p] if isinstance(base, dict) else base) * k for p in schedule.params}
@@ -91,8 +95,7 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
                 for rank in range(world):
                     extents = _extents(schedule, family, world, sizes, rank)
                     total += math.prod(extents)
-                    too_few |= any(n < 2 and {str(s) for s in e.free_symbols} & params
-                                   for n, (_, e) in zip(extents, family.indices))
+                    too_few |= any(n < 2 and by_param for n, by_param in zip(extents, sized[family.name]))
             if total > max_instances:
                 break  # larger multiples only have more instances
             if not too_few:
@@ -539,12 +542,13 @@ def _box(position, region, write, copy, points, shape, node: int = -1) -> Access
         return Access(position, region, write, copy, tuple([a if a > 0 else 0 for a in starts]),
                       tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)), node)
     reach, lo, hi = [], [], []
+    columns = list(zip(*points))  # per dimension, the column of its starts, then of its sizes
     for n, extent in enumerate(shape):
-        starts = [p[2 * n] for p in points]
-        stops = [p[2 * n] + p[2 * n + 1] for p in points]
-        reach.append((min(starts), max(starts), max(stops)))
-        lo.append(max(0, min(starts)))
-        hi.append(min(extent, max(stops)))
+        starts = columns[2 * n]
+        first, stop = min(starts), max(map(operator.add, starts, columns[2 * n + 1]))
+        reach.append((first, max(starts), stop))
+        lo.append(max(0, first))
+        hi.append(min(extent, stop))
     return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach), node)
 
 
