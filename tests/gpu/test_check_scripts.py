@@ -67,6 +67,7 @@ def _attention(program, names, **kwargs):
     return len(names), compute
 
 
+ATTENTION = ("sp_ag_attention", "sp_ulysses", "flash_decode")
 # program: (how many of its leading arguments it reads, what it writes from them into the arguments)
 STAND_INS = {
     "sp_ag_attention": _attention("sp_ag_attention", ("Q", "K", "V")),
@@ -90,7 +91,8 @@ class StandIn:
         self.family = next(f for f in sorted(STAND_INS, key=len, reverse=True) if name.startswith(f))
         self.reads, self.compute = STAND_INS[self.family]
         self.stale, self.skip, self.previous = stale, skip, None
-        self.consts = {k: v for k, v in options.items() if k.isupper()}  # what the program is built with
+        # what the program is built with (head dim, causal), for the attention stand-ins that depend on it
+        self.consts = {k: v for k, v in options.items() if k.isupper()} if self.family in ATTENTION else {}
 
     def __call__(self, *args, check=True):
         if self.skip:
