@@ -71,15 +71,22 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
     the consts at their values, every index extent that depends on a param is at least 2, and all ranks
     together have at most `max_instances` instances. Where no k up to MAX_MULTIPLE gives that, L is cut
-    to what the conditions alone need, then each param gets a unit of its own (`_units`: what it is
+    to what the conditions alone need (each param's own, where they differ), then each param gets a unit of its own (`_units`: what it is
     divided by, so that batch and head counts stay small beside a sequence length that blocks divide),
     and then two instances per index are no longer insisted on.
     Raises ValueError when nothing meets the conditions within the bound (a condition on consts and
     world alone that fails at this world, say, or an index space that is large at any valid size)."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
-    needed = math.lcm(1, *(int(a) for c in schedule.conditions for a in c.holds.subs(consts).atoms(sympy.Integer)
-                            if a > 0))
-    bases = dict.fromkeys([world * math.lcm(needed, *schedule.consts.values()), world * needed])
+    numbers = [(c.holds.free_symbols, [int(a) for a in c.holds.subs(consts).atoms(sympy.Integer) if a > 0])
+               for c in schedule.conditions]
+    every = math.lcm(1, *(a for _, found in numbers for a in found))
+    # per param, the lcm of the numbers in the conditions on it: `require DM % 8 == 0` makes DM's
+    # multiples of 8 and leaves the other params' alone
+    needed = {p: math.lcm(1, *(a for symbols, found in numbers if ir.size_symbol(p) in symbols for a in found))
+              for p in schedule.params}
+    cut = world * every if len(set(needed.values())) <= 1 else {p: world * n for p, n in needed.items()}
+    bases = [world * math.lcm(every, *schedule.consts.values())]
+    bases += [cut] if cut != bases[0] else []
     units = _units(schedule, world)
     params, fallback = set(schedule.params), None
     # per family, which of its indices have an extent that a param sets: those must reach 2
