@@ -109,12 +109,18 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
 
 
 def rounded_dtype(schedule, tensor: str, dtype: str) -> str:
-    """The dtype whose tolerance an output is judged by: its own, or a coarser one that the tile writing
-    it rounds to on the way (`bf16(p) @ V`): a float32 kernel and a float64 reference round a few
+    """The dtype whose tolerance an output is judged by: its own, or a coarser one that a tile rounds to
+    on the way (`bf16(p) @ V`), in the family writing it or upstream of it (sp_ulysses's attention
+    rounds into Os, which a copy puts in O): a float32 kernel and a float64 reference round a few
     elements to neighbouring bf16 values there, an error of bf16's size in the output."""
-    coarsest = dtype
-    for family in schedule.families.values():
-        if any(r.tensor == tensor for r in family.writes):
+    coarsest, seen, pending = dtype, set(), [tensor]
+    while pending:
+        written = pending.pop()
+        for family in schedule.families.values():
+            if family.name in seen or not any(r.tensor == written for r in family.writes):
+                continue
+            seen.add(family.name)
+            pending.extend(r.tensor for r in family.reads)
             for cast in _casts(family):
                 if TOLERANCE.get(cast, 0.0) > TOLERANCE.get(coarsest, 0.0):
                     coarsest = cast
