@@ -103,6 +103,12 @@ EDGE_RACES = {
         ("race: chunk 'send' reads W while tile 'mm' may still write it", "W[i*BM : +BM, j*BN : +BN] ->"),
     ("gemm_rs_push", "red[i, j] after send"):
         ("race: tile 'red' reads P while chunk 'send' may still write it", "P[s, "),
+    ("flash_decode", "comb[b, g] after part"):
+        ("race: tile 'comb' reads Part while tile 'part' may still write it", "Part@s["),
+    ("sp_ulysses", "attn[h, qs, i] after pq"):
+        ("race: tile 'attn' reads Qh while tile 'pq' may still write it", "Qh[qs, i*BM"),
+    ("sp_ulysses", "fin[i, j] after attn"):
+        ("race: tile 'fin' reads Os while tile 'attn' may still write it", "Os[i*BM : +BM, j*D"),
 }
 EDGES = [(path, line) for path in PROGRAMS for line in path.read_text().splitlines()
          if re.match(r"\w+\[[^]]*\] after ", line)]
