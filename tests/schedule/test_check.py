@@ -67,9 +67,9 @@ def where(source: str, text: str) -> tuple[int, int]:
 def test_every_program_checks_clean_and_fast(path):
     run(path, until="check")  # warm: the grammar is compiled and expressions are cached once per process
     source = path.read_text()
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other work on busy cores does not count against the checker
     done = run(source, until="check", path=str(path))
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
     assert done.warnings == []
 
 
