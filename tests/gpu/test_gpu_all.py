@@ -90,3 +90,14 @@ def test_the_moe_stage_runs_its_checks_then_its_benchmark(tmp_path):
     assert code == 0, out
     assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
         ["moe_checks_world2", "0", "1", "0"], ["moe_world2", "0", "0", "0"]]
+
+
+def test_the_attention_stage_runs_its_checks_then_its_benchmark_at_world_2(tmp_path):
+    outputs = {"attention_checks": "PASS sp_ag_attention\nPASS flash_decode\n2 run, 0 failed\n",
+               "bench_attention": "12 outputs checked against torch, 0 wrong\n"}
+    code, out = gpu_all(tmp_path, ["attention"], outputs)
+    assert code == 0, out
+    assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
+        ["attention_checks_world2", "0", "2", "0"], ["attention_world2", "0", "0", "0"]]
+    code, out = gpu_all(tmp_path, ["attention"], {**outputs, "bench_attention": "FAIL decode B=1 kv=1024\n"})
+    assert code == 1 and "attention_world2: FAIL decode B=1 kv=1024" in out

@@ -13,7 +13,7 @@ from tiledsl.diagnostics import TdsError
 from tiledsl.pipeline import run
 from tiledsl.schedule import ir
 from tiledsl.schedule.check import _concrete_findings
-from tiledsl.schedule.meaning import at_capacity, instantiate, runs_when
+from tiledsl.schedule.meaning import MAX_INSTANCES, QUICK_SHARE, at_capacity, default_sizes, instantiate, runs_when
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,6 +182,12 @@ def test_routing_is_a_whole_store():
     assert at(error) == where(refused, "histogram(ids, NE) + 1")
 
 
+
+def test_routing_is_not_a_value_named_in_a_block():
+    refused = changed("tile  route: slot = arrival(ids, NE); sent = histogram(ids, NE)",
+                      "tile  route:\n    h = histogram(ids, NE)\n    sent = h\n    slot = arrival(ids, NE)")
+    the_error(refused, "histogram() and arrival() are whole stores")
+
 # ---- valid rows --------------------------------------------------------------------------------------
 
 GROUPED = textwrap.dedent("""\
@@ -233,3 +239,18 @@ def test_moe_program_has_no_race_or_deadlock_with_several_instances_along_every_
             (family.name, extents)
     found = [d for _, d in _concrete_findings(concrete) if d.severity == "error"]
     assert not found, [d.message for d in found]
+
+
+@pytest.mark.parametrize("name", ["ag_group_gemm", "moe_gemm_rs", "group_gemm"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_default_sizes_of_the_grouped_gemms_are_quick_to_check(name, world):
+    # the sizes cut to the launch conditions reach two instances per index at world 2 only with 66 experts
+    # (4000 instances, 2 s to check); the params' units reach them with 2 experts
+    schedule = run(ROOT / "programs" / f"{name}.tds", until="check").schedule
+    sizes = default_sizes(schedule, world)
+    concrete = instantiate(schedule, world, sizes)
+    assert len(concrete.instances) <= MAX_INSTANCES // QUICK_SHARE, sizes
+    for family in schedule.families.values():
+        extents = concrete.extents[family.name][0]
+        assert all(n >= 2 for n, (_, e) in zip(extents, family.indices) if e.free_symbols - {ir.WORLD}), \
+            (family.name, extents)
