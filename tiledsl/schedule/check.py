@@ -14,14 +14,13 @@ from collections import defaultdict
 
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
-from tiledsl.schedule import ir, races
+from tiledsl.schedule import ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     ragged_sizes)
+                                     ragged_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
 SM_COUNT = 132        # SMs of an H100 / H200: programs that spin on signals must all be resident at once
-WORLDS = (2, 3, 4)    # world sizes the schedule is instantiated at
 
 
 def check(schedule: ir.Schedule) -> list[Diagnostic]:
@@ -35,16 +34,18 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     except FamilyCycleError as why:
         cyclic = why
     unchecked = []
-    for world in WORLDS:
+    checked = topologies(schedule)
+    for topology in checked:
+        world, nodes = topology.world, topology.nodes
         try:
             # sizes the tiles divide, and sizes where last tiles are partial
-            at_sizes = [default_sizes(schedule, world), ragged_sizes(schedule, world)]
-            concretes = [instantiate(schedule, world, sizes) for sizes in at_sizes if sizes is not None]
+            at_sizes = [default_sizes(schedule, world, nodes=nodes), ragged_sizes(schedule, world, nodes=nodes)]
+            concretes = [instantiate(schedule, world, sizes, nodes) for sizes in at_sizes if sizes is not None]
         except ValueError as why:
             unchecked.append(str(why))  # the launch conditions exclude this world, say
             continue
         except ArithmeticError as why:
-            unchecked.append(f"{why} at world {world}")  # a size divides by `rank`, say
+            unchecked.append(f"{why} at {topology}")  # a size divides by `rank`, say
             continue
         for concrete in concretes:
             for key, diagnostic in _concrete_findings(concrete):
@@ -52,7 +53,7 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     if cyclic is not None and not any(key[0] in ("cycle", "self") for key in found):
         key, diagnostic = _family_cycle(schedule, cyclic)
         found[key] = diagnostic
-    if len(unchecked) == len(WORLDS) and not any(key[0] == "condition" for key in found):
+    if len(unchecked) == len(checked) and not any(key[0] == "condition" for key in found):
         found["unchecked"] = warning(f"races, deadlocks and bounds were not checked: {unchecked[0]}",
                                      schedule.program.name.span)
     return sorted(found.values(), key=lambda d: (d.span.line, d.span.column, d.message))
@@ -60,6 +61,7 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
 
 def _concrete_findings(concrete: Concrete):
     yield from _bounds(concrete)
+    yield from transport.findings(concrete)
     yield from _skipped(concrete)
     yield from _unsignalled(concrete)
     # a family waiting on itself or a later instance of its own: named as such, not as a cycle

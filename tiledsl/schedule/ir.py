@@ -1,6 +1,7 @@
 """The schedule graph: families of tiles and chunks over index spaces, the regions each instance
 reads and writes, and the edges between them. Sizes and index maps are sympy expressions over the
-program's symbols (params, consts, `rank`, `world`, family indices); `let` names are expanded."""
+program's symbols (params, consts, `rank`, `world`, the topology's `node`, `nodes`, `local_rank` and
+`local_world`, family indices); `let` names are expanded."""
 from __future__ import annotations
 
 import enum
@@ -144,6 +145,7 @@ class RankSet(enum.Enum):
     LOCAL = "local"  # the producer instance on the consumer's own rank
     EVERY = "every"  # the producer instance on every rank
     AT = "at"        # the producer instance on the rank given by `rank_expr`
+    SET = "set"      # on each rank `rank_expr` gives for `rank_var` in 0 .. `rank_extent`-1
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,9 @@ class Edge:
     ranks: RankSet
     rank_expr: sympy.Expr | None
     span: ast.Span = field(compare=False)
+    # RankSet.SET, `@ (s*local_world + local_rank for s in nodes)`: the variable and its extent
+    rank_var: sympy.Symbol | None = None
+    rank_extent: sympy.Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,9 @@ class Schedule:
     # `let` names in declaration order, each with its value over params, consts and world: sizes above
     # are expanded, and code generation names them again so that generated kernels read like the program
     lets: tuple[tuple[str, sympy.Expr], ...] = ()
+    # the program names the topology (`node`, `nodes`, `local_rank`, `local_world`): it is written for
+    # several nodes, and proved at several; a program that does not runs within one node
+    spans_nodes: bool = False
 
     @property
     def name(self) -> str:
@@ -202,3 +210,13 @@ def index_symbol(name: str) -> sympy.Symbol:
 
 RANK = index_symbol("rank")
 WORLD = size_symbol("world")
+
+# The two-level topology (tiledsl/topology.py): ranks numbered node by node, as torchrun numbers them.
+# `node` and `local_rank` are symbols so that expressions and plans read as written; this is what they
+# stand for, the one definition the checker, the kernels, the host code and the reference all use.
+NODE = index_symbol("node")
+LOCAL_RANK = index_symbol("local_rank")
+NODES = size_symbol("nodes")
+LOCAL_WORLD = size_symbol("local_world")
+RANK_PARTS = {NODE: sympy.floor(RANK / LOCAL_WORLD), LOCAL_RANK: sympy.Mod(RANK, LOCAL_WORLD)}
+TOPOLOGY_NAMES = ("node", "nodes", "local_rank", "local_world")
