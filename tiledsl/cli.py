@@ -272,6 +272,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("files", metavar="FILE", nargs="+", help="a .tds program")
     run.add_argument("--world", type=_positive, default=2, metavar="N",
                      help="number of emulated ranks (default 2; under torchrun, its WORLD_SIZE)")
+    run.add_argument("--nodes", type=_positive, default=None, metavar="N",
+                     help="the emulated ranks pose as N nodes of world/N ranks (default: TILEDSL_NODES, else 1); "
+                          "under torchrun, set TILEDSL_NODES or launch with --nnodes")
     run.add_argument("--size", metavar="NAME=VALUE", type=_size, action="append", default=[],
                      help="a param size (repeatable); the others get small defaults")
     run.add_argument("--emulate", action="store_true", help="run the ranks in Triton's interpreter on the CPU")

@@ -84,7 +84,9 @@ class Issuing:
         if call.enter_replay is not None:
             call.enter_replay()
             return
-        if self.module.tds_DISTRIBUTED:
+        if self.module.tds_DISTRIBUTED and getattr(self.module, "tds_SPANS_NODES", False):
+            function, args = sync.barrier_nodes, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
+        elif self.module.tds_DISTRIBUTED:
             function, args = sync.barrier_all, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
         else:
             function, args = sync.enter, (self._epoch_cell,)
