@@ -103,6 +103,30 @@ EDGE_RACES = {
         ("race: chunk 'send' reads W while tile 'mm' may still write it", "W[i*BM : +BM, j*BN : +BN] ->"),
     ("gemm_rs_push", "red[i, j] after send"):
         ("race: tile 'red' reads P while chunk 'send' may still write it", "P[s, "),
+    ("hier_allgather", "mine[m] after across"):
+        ("race: chunk 'mine' reads G while chunk 'across' may still write it", "G[(m*local_world"),
+    ("hier_allgather", "pull[k, m] after mine"):
+        ("race: chunk 'pull' reads G while chunk 'across' may still write it", "G@(node*local_world"),
+    ("hier_reduce_scatter", "send[m] after part"):
+        ("race: chunk 'send' reads S while tile 'part' may still write it", "S[m, :, :] ->"),
+    ("hier_reduce_scatter", "red[i, j] after send"):
+        ("race: tile 'red' reads R while chunk 'send' may still write it", "R[s, "),
+    ("hier_allreduce", "across[m, i] after red"):
+        ("race: chunk 'across' reads P while tile 'red' may still write it", "P[local_rank*Ns + i*BLOCK : +BLOCK] ->"),
+    ("hier_allreduce", "tot[i] after across"):
+        ("race: tile 'tot' reads Q while chunk 'across' may still write it", "Q[s, "),
+    ("hier_allreduce", "back[i] after tot"):
+        ("race: tile 'back' reads G while tile 'tot' may still write it", "G@(node*local_world"),
+    ("hier_ag_gemm", "share[k, m] after across"):
+        ("race: chunk 'share' reads G while chunk 'across' may still write it", "G[(m*local_world"),
+    ("hier_ag_gemm", "mm[i, j] after share"):
+        ("race: tile 'mm' reads A_all while chunk 'share' may still write it", "A_all[i*BM"),
+    ("hier_gemm_rs", "part[m, i, j] after mm"):
+        ("race: tile 'part' reads W while tile 'mm' may still write it", "W@(node*local_world"),
+    ("hier_gemm_rs", "send[m] after part"):
+        ("race: chunk 'send' reads S while tile 'part' may still write it", "S[m, :, :] ->"),
+    ("hier_gemm_rs", "red[i, j] after send"):
+        ("race: tile 'red' reads R while chunk 'send' may still write it", "R[s, "),
 }
 EDGES = [(path, line) for path in PROGRAMS for line in path.read_text().splitlines()
          if re.match(r"\w+\[[^]]*\] after ", line)]

@@ -194,8 +194,23 @@ class Put:
     split: int
 
 
+@dataclass(frozen=True)
+class Get:
+    """An NVSHMEM get: part `tds_part` of `split` of whole rows of `owner`'s copy of `source` into this
+    rank's `target` (getmem_block: the rows are here when it returns); the family notifies after it."""
+    family: str
+    source: str
+    source_start: sympy.Expr
+    owner: sympy.Expr
+    target: str
+    target_start: sympy.Expr
+    rows: sympy.Expr
+    cols: sympy.Expr
+    split: int
+
+
 Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Copy,
-                  Put]
+                  Put, Get]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------
@@ -367,6 +382,11 @@ def chunk_body(schedule: ir.Schedule, family: ir.Family, kernel: Callable[[sympy
         raise LoweringError(f"chunk '{family.name}': regions of {len(kept)} kept dimensions are not supported")
     rows = kernel(kept[0].size)
     cols = kernel(kept[1].size) if len(kept) == 2 else None
+    if family.engine.kind is ir.EngineKind.NVSHMEM and not family.puts:
+        return Get(family.name, source.tensor, kernel(_row_start(schedule, family, source)), kernel(source.owner),
+                   target.tensor, kernel(_row_start(schedule, family, target)),
+                   kernel(_rows_put(schedule, family, source, target)),
+                   cols if cols is not None else sympy.Integer(1), family.split)
     if family.engine.kind is ir.EngineKind.NVSHMEM:
         owner = None if source.owner is None else kernel(source.owner)
         return Put(family.name, source.tensor, owner, kernel(_row_start(schedule, family, source)), target.tensor,
@@ -392,7 +412,7 @@ def _copy_place(schedule: ir.Schedule, region: ir.Region, kernel) -> Place:
 
 
 def _rows_put(schedule: ir.Schedule, family: ir.Family, source: ir.Region, target: ir.Region) -> sympy.Expr:
-    """The rows a put moves: those of its first kept dimension that exist in both regions (a `+n` slice
+    """The rows a put or get moves: those of its first kept dimension that exist in both regions (a `+n` slice
     is clipped at the end of its dimension, as a copy's mask clips it), none where both lie past the end.
     Unclipped where the region provably ends inside the tensor at every instance."""
     from tiledsl.schedule.meaning import largest_value
@@ -409,7 +429,7 @@ def _rows_put(schedule: ir.Schedule, family: ir.Family, source: ir.Region, targe
 
 
 def _row_start(schedule: ir.Schedule, family: ir.Family, region: ir.Region) -> sympy.Expr:
-    """An nvshmem put moves one contiguous range: whole rows of a row-major tensor, from this element."""
+    """An nvshmem put or get moves one contiguous range: whole rows of a row-major tensor, from here."""
     tensor = schedule.tensors[region.tensor]
     kept = [n for n, d in enumerate(region.dims) if d.kept]
     for n in kept[1:] + list(range(kept[-1] + 1, len(region.dims))):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import Copy, Load, Loop, Place, Product, Put, Store, TmaStore, Zeros
+from tiledsl.codegen.body import Copy, Get, Load, Loop, Place, Product, Put, Store, TmaStore, Zeros
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -39,9 +39,9 @@ def interface_of(plan) -> KernelInterface:
     for f in plan.families:
         if f.notify is not None:
             args.append(Arg(f"tds_sig_{f.name}", Kind.SIGNALS, f.name, signal_dtype(f)))
-            if f.notify.every_rank and f.engine != "nvshmem":
+            if f.notify.every_rank and not f.puts:
                 args.append(Arg(f"tds_peers_sig_{f.name}", Kind.SIGNAL_PEERS, f.name, "int64"))
-            if f.engine == "nvshmem" or f.notify.remote is not None:
+            if f.puts or f.notify.remote is not None:
                 args.append(Arg(f"tds_shmem_sig_{f.name}", Kind.SIGNAL_SHMEM, f.name, "int64"))
     kernel_families = [f for f in plan.families if f.on_sms]
     args += [Arg(f"tds_order_{f.name}", Kind.ORDER, f.name, "int32") for f in kernel_families if f.order is not None]
@@ -81,7 +81,8 @@ def interface_of(plan) -> KernelInterface:
 # ---- what a family reads ---------------------------------------------------------------------------
 
 def signal_dtype(family) -> str:
-    """NVSHMEM writes 64-bit signals (a put's, or a signal from another node); other slots are 32-bit."""
+    """NVSHMEM writes 64-bit signals (a put's, or a signal from another node); other slots are 32-bit
+    (an NVSHMEM family's are 64-bit all the same: one rule for the launcher, which knows the engine)."""
     return "int64" if family.engine == "nvshmem" or family.notify.remote is not None else "int32"
 
 
@@ -137,6 +138,8 @@ def _needs(family, plan) -> set[str]:
         elif isinstance(s, Copy):
             place(s.source)
             place(s.target)
+        elif isinstance(s, Get):
+            names.update({s.source, s.target, f"tds_shmem_{s.source}", "rank"})
         elif isinstance(s, Put):
             names.update({s.source, s.target, f"tds_shmem_{s.target}", f"tds_sig_{s.family}",
                           f"tds_shmem_sig_{s.family}", EPOCH})
@@ -153,7 +156,7 @@ def _needs(family, plan) -> set[str]:
     if family.waits:
         names.update({EPOCH, "tds_diag", "tds_max_spins", "rank"})
         names.update(f"tds_sig_{w.producer}" for w in family.waits)
-    if family.notify is not None and family.engine != "nvshmem":
+    if family.notify is not None and not family.puts:
         names.update({f"tds_sig_{family.name}", EPOCH})
         if family.notify.every_rank:
             names.add(f"tds_peers_sig_{family.name}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import sympy
 
 import tiledsl
-from tiledsl.codegen.body import Fence, LoweringError, Product, Statement, Wait, chunk_body, tile_body
+from tiledsl.codegen.body import Fence, LoweringError, Product, Put, Statement, Wait, chunk_body, tile_body
 from tiledsl.codegen.interface import KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
 
@@ -113,6 +113,12 @@ class Family:
         return self.engine != "copy_engine"
 
     @property
+    def puts(self) -> bool:
+        """An NVSHMEM put, which signals with its data (the other families notify after each instance)."""
+        from tiledsl.codegen.interface import walk
+        return any(isinstance(s, Put) for s in walk(self.body))
+
+    @property
     def decode(self) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
         """Each index from the linear instance number `tds_inst` (the last index varies fastest)."""
         out, inner = [], sympy.Integer(1)
@@ -133,7 +139,7 @@ class Tensor:
     peers: bool                    # the kernel reaches other ranks' copies (a peer offset table)
     staged: bool                   # a caller tensor read on peers: copied into the heap at each call
     where: str
-    shmem: bool = False            # an NVSHMEM put writes other ranks' copies (the PE table of its stand-in)
+    shmem: bool = False            # NVSHMEM puts into or gets from other ranks' copies (its stand-ins' PE table)
 
 
 @dataclass(frozen=True)
@@ -202,13 +208,15 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
     for name in meaning.family_sequence(schedule):
         family = schedule.families[name]
         notify = None
-        if name in waited or family.engine.kind is ir.EngineKind.NVSHMEM:  # a put always signals
+        if name in waited or family.puts:  # a put always signals
             notify = _notify(schedule, family, kernel, name in cross_rank, reach.get(name))
         families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, reach))
-    # an NVSHMEM put's target is reached by NVSHMEM, not through a peer pointer
-    puts = {f.writes[0].tensor for f in schedule.families.values() if f.engine.kind is ir.EngineKind.NVSHMEM}
+    # an NVSHMEM put's target and a get's source are reached by NVSHMEM, not through a peer pointer
+    nvshmem = [f for f in schedule.families.values() if f.engine.kind is ir.EngineKind.NVSHMEM]
+    shmem = {f.writes[0] if f.puts else f.reads[0] for f in nvshmem}
     peers = {r.tensor for f in schedule.families.values() for r in f.reads + f.writes if r.owner is not None
-             and not (f.engine.kind is ir.EngineKind.NVSHMEM and r == f.writes[0])}
+             and r not in shmem}
+    puts = {r.tensor for r in shmem}
     staged = set(schedule.staged_inputs())
     tensors = tuple(Tensor(t.name, t.role.value, t.dtype, t.shape, t.name in peers, t.name in staged,
                            source_line(schedule, t.span), t.name in puts) for t in schedule.tensors.values())
@@ -229,7 +237,7 @@ def _notify(schedule: ir.Schedule, family: ir.Family, kernel, cross_rank: bool, 
     runs within one node) through peer pointers, and the other nodes' ranks through NVSHMEM signals."""
     slot = ir.RANK * _slots(family, kernel) + INSTANCE * family.split + (PART if family.split > 1 else 0)
     edges = tuple(source_line(schedule, e.span) for e in schedule.edges if e.producer == family.name)
-    if not cross_rank or family.engine.kind is ir.EngineKind.NVSHMEM:
+    if not cross_rank or family.puts:
         return Notify(cross_rank, slot, edges)  # a put's signal goes with its data, to the rank it writes
     if not schedule.spans_nodes:
         return Notify(True, slot, edges, sympy.Integer(0), ir.WORLD)  # every rank is the one node's
@@ -286,8 +294,7 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
         target = meaning.target(schedule, edge)
         # a slot NVSHMEM writes (a put's signal, or a signal from another node): NVSHMEM's own wait
         # follows, where the program runs on several nodes
-        shmem = schedule.spans_nodes and (producer.engine.kind is ir.EngineKind.NVSHMEM
-                                          or reach.get(producer.name) is meaning.Reach.WORLD)
+        shmem = schedule.spans_nodes and (producer.puts or reach.get(producer.name) is meaning.Reach.WORLD)
         loops, index = [], []
         for mapped, (symbol, extent) in zip(target.index, producer.indices):
             if mapped is None:

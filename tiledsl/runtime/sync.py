@@ -127,6 +127,16 @@ def copy_put(dst_ptr, src_ptr, nelems, sig_ptr, epoch, pe, peers_dst, peers_sig,
 
 
 @triton.jit
+def copy_get(dst_ptr, src_ptr, nelems, pe, peers_src, rank, BLOCK: tl.constexpr):
+    """A get done by this program's own loads and stores, for the emulator: `peers_src` is the PE table
+    of `src_ptr`, which only NVSHMEM's stand-ins receive."""
+    remote = src_ptr + tl.load(peers_src + pe)
+    for start in range(0, nelems, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(remote + offs, mask=offs < nelems), mask=offs < nelems)
+
+
+@triton.jit
 def copy_signal(sig_ptr, epoch, pe, peers_sig):
     """An NVSHMEM signal done by this program's own store: what nvshmemx_signal_op does, for the
     emulator. `peers_sig` is the PE table only NVSHMEM's stand-ins receive."""
@@ -182,6 +192,7 @@ def proxy_fence():
 
 if EMULATED:
     put_signal = copy_put
+    get = copy_get
     signal = copy_signal
     wait_shmem = wait       # the stand-ins store through shared memory, which the spin reads
     fence_async = no_fence  # the interpreter runs no PTX, and has one proxy
@@ -197,6 +208,15 @@ else:
         tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
                                   pack=1)
         nvshmem_device.signal_op(sig_ptr, epoch, nvshmem_device.NVSHMEM_SIGNAL_SET, pe)
+
+    @triton.jit
+    def get(dst_ptr, src_ptr, nelems, pe, peers_src, rank, BLOCK: tl.constexpr):
+        # the source's symmetric address is that of this rank's copy (of a staged input: the heap copy
+        # its peers read, `peers_src[rank]` from the caller's tensor); the rows are here on return
+        here = src_ptr + tl.load(peers_src + rank)
+        nbytes = nelems.to(tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        if nbytes > 0:
+            nvshmem_device.getmem_block(dst_ptr, here, nbytes, pe)
 
     @triton.jit
     def wait_shmem(sig_ptr, epoch, diag, max_spins, rank, edge, instance):

@@ -294,15 +294,18 @@ def _unsignalled(concrete: Concrete):
     """An NVSHMEM put signals only the rank it writes to (the signal travels with the data, as one
     putmem_signal): a wait on it from any other rank would never see the signal and time out."""
     schedule = concrete.schedule
+    on_puts = {n for n, e in enumerate(schedule.edges) if schedule.families[e.producer].puts}
+    if not on_puts:
+        return
     targets: dict[int, set[int]] = {}
     for access in concrete.accesses:
         if access.write:
             targets.setdefault(access.instance, set()).add(access.copy)
     for wait in concrete.waits:
+        if wait.edge not in on_puts:
+            continue
         edge = schedule.edges[wait.edge]
         producer = schedule.families[edge.producer]
-        if producer.engine.kind is not ir.EngineKind.NVSHMEM:
-            continue
         rank = concrete.instances[wait.consumer].rank
         for p in wait.producers:
             if rank not in targets.get(p, {rank}):

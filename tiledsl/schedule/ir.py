@@ -24,7 +24,7 @@ class Role(enum.Enum):
 class EngineKind(enum.Enum):
     COPY_ENGINE = "copy_engine"  # DMA copies on the communication stream; a stream write signals
     SMS = "sms"                  # Triton programs doing loads and stores (peer stores over NVLink)
-    NVSHMEM = "nvshmem"          # nvshmemx_putmem_signal_block from Triton programs
+    NVSHMEM = "nvshmem"          # from Triton programs: nvshmemx_putmem_signal_block, or getmem_block
 
 
 class Kind(enum.Enum):
@@ -139,6 +139,12 @@ class Family:
     @property
     def index_names(self) -> tuple[str, ...]:
         return tuple(str(s) for s, _ in self.indices)
+
+    @property
+    def puts(self) -> bool:
+        """An NVSHMEM put: it writes another rank's copy and signals there, with its data. (An NVSHMEM
+        chunk that reads another rank's copy into this rank's is a get: it notifies as SMs do.)"""
+        return self.engine.kind is EngineKind.NVSHMEM and self.writes[0].owner is not None
 
 
 class RankSet(enum.Enum):

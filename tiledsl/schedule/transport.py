@@ -4,9 +4,11 @@ in one call) and signals. So, on concrete instances at topologies of several nod
 
 - a tile, an SM chunk or a copy-engine chunk that loads or stores a copy on another node is refused:
   that load or store does not exist there;
-- an NVSHMEM put reads its source on its own node (it writes the target, wherever that is);
+- an NVSHMEM put reads its source on its own node (it writes the target, wherever that is), and a get
+  writes its target there (it reads the source, wherever that is);
 - a wait on an instance of another node is signalled through NVSHMEM: a put signals with its data,
-  a tile or SM chunk has its notify lowered to an NVSHMEM signal by the plan (`meaning.notify_reach`),
+  a tile, an SM chunk or a get has its notify lowered to an NVSHMEM signal by the plan
+  (`meaning.notify_reach`),
   and a copy-engine chunk, whose signals are copies through peer pointers, is refused."""
 from __future__ import annotations
 
@@ -38,12 +40,13 @@ def _direct_accesses(concrete: Concrete):
             continue  # a region clipped away whole is never loaded or stored (its accesses are masked)
         family = schedule.families[instance.family]
         nvshmem = family.engine.kind is ir.EngineKind.NVSHMEM
-        if nvshmem and access.write and access.region == family.writes[0]:
-            continue  # the put's target: NVSHMEM carries it there
+        if nvshmem and (family.puts and access.write and access.region == family.writes[0] or
+                        not family.puts and not access.write and access.region == family.reads[0]):
+            continue  # a put's target, a get's source: NVSHMEM carries them
         verb = "stores into" if access.write else "loads"
         if nvshmem:
-            what, hint = f"nvshmem chunk '{family.name}' reads its source", \
-                "a put reads its source on its own node: put from a rank of the node that holds the data"
+            what, hint = f"nvshmem chunk '{family.name}' {verb}", \
+                "a put reads its source on its own node, a get writes its target there"
         elif family.kind is ir.Kind.TILE:
             what, hint = f"{family_text(schedule, family.name)} {verb}", TILE_HINT
         else:
@@ -63,7 +66,7 @@ def _signals(concrete: Concrete):
         edge = schedule.edges[wait.edge]
         producer = schedule.families[edge.producer]
         if producer.engine.kind is not ir.EngineKind.COPY_ENGINE:
-            continue  # a put signals with its data; a tile or SM chunk signals through NVSHMEM (the plan)
+            continue  # a put signals with its data; the others' notify is an NVSHMEM signal there (the plan)
         consumer = concrete.instances[wait.consumer]
         for p in wait.producers:
             other = concrete.instances[p]
