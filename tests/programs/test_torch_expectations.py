@@ -56,6 +56,11 @@ INPUTS = {
     "gemm_rs_push": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
     "gemm_ar": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
     "allreduce_rmsnorm": lambda w, T, D: {"X": (T, D), "R": (T, D), "W": (D,)},
+    "hier_allgather": lambda w, M, N: {"X": (M // w, N)},
+    "hier_reduce_scatter": lambda w, M, N: {"X": (M, N)},
+    "hier_allreduce": lambda w, N: {"X": (N,)},
+    "hier_ag_gemm": lambda w, M, K, N: {"A": (M // w, K), "B": (K, N)},
+    "hier_gemm_rs": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
 }
 
 # The interpreter runs a tile in tens of milliseconds and ranks beyond two share the cores (a waiting rank
@@ -89,6 +94,12 @@ CASES = {
                 Case((2, 3, 4), lambda w: {"M": 20, "K": 104, "N": 40}, SMALL_TILES)],
     "allreduce_rmsnorm": [Case((2, 3, 4), lambda w: {"T": 3, "D": 100}),
                           Case((2, 3, 4), lambda w: {"T": 5, "D": 33}, {"BT": 2})],
+    # the two-level programs on one node here (several nodes: test_nodes_emulated.py), small tiles only
+    "hier_allgather": [Case((2, 3, 4), lambda w: {"M": w * 37, "N": 45})],
+    "hier_reduce_scatter": [Case((2, 3, 4), lambda w: {"M": w * 45, "N": 300})],
+    "hier_allreduce": [Case((2, 3, 4), lambda w: {"N": 3001}, {"BLOCK": 256})],
+    "hier_ag_gemm": [ROWS_IN_WHOLE_TILES[1]],
+    "hier_gemm_rs": [REDUCE_SCATTER[1]],
 }
 RUNS = sorted({(name, world) for name, cases in CASES.items() for case in cases for world in case.worlds})
 

@@ -35,3 +35,51 @@ def test_putmem_signal_and_wait_compile_and_link_for_sm90():
     # The device state that nvshmemx_cumodule_init fills in is part of the module.
     assert "nvshmemi_device_state_d" in ptx
     assert kernel.asm["cubin"]
+
+
+@triton.jit
+def _get_then_signal(dst, src, sig, nbytes, epoch, pe):
+    nvshmem_device.getmem_block(dst, src, nbytes, pe)
+    nvshmem_device.signal_op(sig, epoch, nvshmem_device.NVSHMEM_SIGNAL_SET, pe)
+
+
+def test_getmem_and_signal_op_compile_and_link_for_sm90():
+    try:
+        libs = nvshmem_device.extern_libs()
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    source = ASTSource(fn=_get_then_signal, constexprs={},
+                       signature={"dst": "*bf16", "src": "*bf16", "sig": "*u64", "nbytes": "i64", "epoch": "i32",
+                                  "pe": "i32"})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"extern_libs": libs})
+    assert ".extern .func" not in kernel.asm["ptx"] and kernel.asm["cubin"]
+
+
+def test_a_program_written_for_nodes_compiles_with_its_signals_gets_and_two_level_barrier_for_sm90():
+    """A get, a notify lowered to NVSHMEM signals for waiters on other nodes, NVSHMEM's wait after the
+    spin, and the entry barrier's second level: the kernel links with no NVSHMEM symbol left open."""
+    import textwrap
+
+    from tiledsl.api import build_module
+    from tiledsl.codegen.aot import compile_kernel
+    try:
+        nvshmem_device.extern_libs()
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    module = build_module(textwrap.dedent("""\
+        program column_gather
+        param M, N
+        const BR = 16, BN = 32
+        in   X : f32[M, N]
+        out  Y : f32[nodes, M, N]
+        symm G : f32[M, N]
+        tile  own[i in cdiv(M, BR), j in cdiv(N, BN)]: G[i*BR : +BR, j*BN : +BN] = X[i*BR : +BR, j*BN : +BN]; \\
+              Y[node, i*BR : +BR, j*BN : +BN] = X[i*BR : +BR, j*BN : +BN]
+        chunk fetch[k in nodes - 1] on nvshmem(4): \\
+              G@(((node + 1 + k) mod nodes)*local_world + local_rank)[:, :] -> Y[(node + 1 + k) mod nodes, :, :]
+        fetch[k] after own[*, *] @ (((node + 1 + k) mod nodes)*local_world + local_rank)
+    """))
+    ptx = compile_kernel(module).asm["ptx"]
+    assert ".extern .func" not in ptx and "nvshmemi_device_state_d" in ptx
+    # the calls LLVM keeps out of line (the wait's is inlined into the kernel)
+    assert "nvshmemx_signal_op" in ptx and "nvshmemx_getmem_block" in ptx

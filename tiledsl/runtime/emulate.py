@@ -99,6 +99,9 @@ def _rank_main(fn, rank, world, arenas, barrier, results, args, topology=None):
         results.put((rank, True, fn(heap, *args)))
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
         barrier.abort()  # free ranks stuck in a host barrier with this one
+        # the interpreter wraps what a kernel raised (a CrossNodeAccess, say): name that instead
+        while type(error).__name__ == "InterpreterError" and error.__cause__ is not None:
+            error = error.__cause__
         results.put((rank, False, (type(error).__name__, str(error), traceback.format_exc())))
 
 

@@ -27,7 +27,9 @@ def disable_multicast() -> None:
 
 
 # A peer offset to a rank of another node points into addresses no allocation uses: rank r's at
-# POISON_BASE + r * POISON_SPAN onwards (bytes), so that the emulator can name the rank reached.
+# POISON_BASE + r * POISON_SPAN onwards (bytes), so that the emulator can name the rank reached. 16 TiB
+# lies above the brk heap and below the mmap area of a Linux process, and outside the device memory
+# a GPU maps: an access there faults.
 POISON_BASE = 1 << 44
 POISON_SPAN = 1 << 36
 
@@ -36,9 +38,9 @@ class CrossNodeAccess(RuntimeError):
     """A peer pointer to another node's memory was asked for or used: across nodes only NVSHMEM reaches."""
 
 
-def poisoned_rank(address: int) -> int | None:
+def poisoned_rank(address: int, world: int) -> int | None:
     """The rank whose poisoned peer address this is, or None for an ordinary address."""
-    if POISON_BASE <= address < POISON_BASE + (1 << 20) * POISON_SPAN:
+    if POISON_BASE <= address < POISON_BASE + world * POISON_SPAN:
         return (address - POISON_BASE) // POISON_SPAN
     return None
 

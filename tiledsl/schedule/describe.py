@@ -108,4 +108,6 @@ def _edge(schedule: ir.Schedule, edge: ir.Edge) -> str:
         text += " @ every rank"
     elif edge.ranks is ir.RankSet.AT:
         text += f" @ {_atom(edge.rank_expr)}"
+    elif edge.ranks is ir.RankSet.SET:
+        text += f" @ ({edge.rank_expr} for {edge.rank_var} in {edge.rank_extent})"
     return text
