@@ -30,7 +30,7 @@ from tiledsl.runtime.run_program import (
     run_emulated,
 )
 from tiledsl.schedule.check import _concrete_findings
-from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols
+from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols, size_values
 
 pytestmark = pytest.mark.emulated
 
@@ -73,8 +73,7 @@ def small_sizes(schedule, world: int) -> dict[str, int]:
     for param in schedule.params:
         while sizes[param] // 2 >= floor:
             smaller = {**sizes, param: sizes[param] // 2}
-            values = (*(smaller[p] for p in schedule.params), *schedule.consts.values(), world)
-            if not all(holds(*values)):
+            if not all(holds(*size_values(schedule, world, smaller))):
                 break
             concrete, least, cut = shape_of(smaller)
             if any(least[key] < min(2, n) for key, n in default_least.items()) or not cut <= default_cut:
