@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
-#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild nodes
+#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
 #                                        the two-level programs on GPUs posing as TILEDSL_NODES=2 nodes)
@@ -16,6 +16,7 @@ stages=${*:-checks gemm overlap collectives}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export OUT=${OUT:-$PWD/bench/results}
 mkdir -p "$OUT"
+touch "$OUT/.started"  # what this run wrote is newer: a warm machine keeps the last run's files in $OUT
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "gpus: $gpus; $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
 [ -n "${CHECKS_ONLY:-}" ] && echo "CHECKS_ONLY=$CHECKS_ONLY: the checks run only what matches it"
@@ -61,6 +62,7 @@ for stage in $stages; do
         run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
+    trace) run trace_world2 300 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do
@@ -79,7 +81,7 @@ for stage in $stages; do
       run "nodes_world$w" 300 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" bench/bench_nodes.py ;;
     *) echo "unknown stage $stage"; status=1; rows+=("$(printf '%-28s %5s' "$stage" "?")") ;;
   esac
-  [ -n "${PACK:-}" ] && tar czf "$PACK" -C "$OUT" .
+  [ -n "${PACK:-}" ] && (cd "$OUT" && find . -type f -newer .started -print0 | tar czf "$PACK" --null -T -)
 done
 echo "== summary"
 printf '%s' "$failures"

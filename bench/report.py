@@ -71,11 +71,14 @@ def collectives_tables(data):
     push = "push_two_shot" in rows[0]  # runs that also timed the earlier push programs
     alone = "alone_auto" in rows[0]  # runs that timed back to back, and one call at a time beside it
     best = "best" in rows[0]
+    heap = "heap_input" in rows[0]  # runs that timed the out-of-place one-shot on an input in the heap
     lines = ["| AllReduce bytes | tiledsl auto (AllReduce's choice) | one-shot | two-shot | NCCL | symm_mem one-shot "
-             "| symm_mem two-shot |" + (" best variant |" if best else "")
+             "| symm_mem two-shot |" + (" tiledsl, input on the heap (out=) |" if heap else "")
+             + (" best variant |" if best else "")
              + (" push two-shot (earlier program) |" if push else "")
              + (" one call alone: auto / NCCL |" if alone else ""),
-             "|---|---|---|---|---|---|---|" + ("---|" if best else "") + ("---|" if push else "")
+             "|---|---|---|---|---|---|---|" + ("---|" if heap else "") + ("---|" if best else "")
+             + ("---|" if push else "")
              + ("---|" if alone else "")]
     for r in (r for r in rows if r["op"] == "allreduce"):
         size = f"{r['bytes'] // 1024} KB" if r["bytes"] < 2**20 else f"{r['bytes'] // 2**20} MB"
@@ -84,6 +87,7 @@ def collectives_tables(data):
                 + (f" ({r['busbw'][k]:.0f} GB/s)" if bw and k in r["busbw"] else ""))
         lines.append(f"| {size} | {cell('auto')} ({r['auto_algorithm']}) | {cell('one_shot')} | {cell('two_shot')} | "
                      f"{cell('nccl')} | {cell('symm_mem_one_shot')} | {cell('symm_mem_two_shot')} |"
+                     + (f" {cell('heap_input')} |" if heap else "")
                      + (f" {cell(r['best_variant'])} ({r['best_variant']}) |" if best and r['best_variant'] else
                         " - |" if best else "")
                      + (f" {cell('push_two_shot')} |" if push else "")

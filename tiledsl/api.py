@@ -39,7 +39,8 @@ def build_module(source, consts: dict | None = None):
 
 def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: float = 5.0,  # noqa: A001
             dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-            graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, **consts):
+            graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, trace: bool = False,
+            **consts):
     """Compile a program (a path to a .tds file, or its text) and bind it to this rank.
 
     `heap` is the symmetric heap shared with the other ranks (`tiledsl.runtime.heap.open_heap()` under
@@ -52,8 +53,21 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     directly instead; `replay=False` too: every launch through the JIT, to compare or to rule the
     fast paths out). `num_warps` overrides the warps per program (8 with a matrix product, else 4).
     The persistent kernel passes the entry barrier itself unless copy-engine chunks need the epoch
-    first (`fold_entry=False`: a separate entry kernel every call, to compare)."""
+    first (`fold_entry=False`: a separate entry kernel every call, to compare). `trace=True` stamps
+    every instance's start, end of waits and end on the GPU clock (tiledsl.runtime.timeline: Perfetto
+    trace and a PNG of every rank's lanes); without it the stamps are compiled out."""
     module = build_module(source, consts)
     return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
                        dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay,
-                       graphs=graphs, num_warps=num_warps, fold_entry=fold_entry)
+                       graphs=graphs, num_warps=num_warps, fold_entry=fold_entry, trace=trace)
+
+
+def empty(shape, dtype=None, heap=None):
+    """A tensor on the symmetric heap (collective: every rank calls with the same shape and dtype, in the
+    same order), for inputs peers read: a program reads it where it is instead of copying it into the
+    heap at each call (`allreduce_out.tds`, `AllReduce(heap)(x, out=y)`), and waits at an exit barrier
+    instead, so that the caller may overwrite it as soon as the call returns."""
+    import torch
+    if heap is None:
+        raise ValueError("tiledsl.empty needs the symmetric heap to allocate on: empty(shape, dtype, heap=heap)")
+    return heap.alloc(tuple(shape) if not isinstance(shape, int) else (shape,), dtype or torch.bfloat16)

@@ -130,6 +130,25 @@ def cmd_run(args) -> int:
     return max(_guarded(path, run, path) for path in args.files)
 
 
+def cmd_trace(args) -> int:
+    def trace() -> int:
+        from tiledsl.runtime import timeline
+        sizes = dict(_assignment(s) for s in args.size)
+        gpu = "WORLD_SIZE" in os.environ and not args.emulate
+        found = timeline.trace_gpu(args.file, sizes) if gpu else \
+            timeline.trace_emulated(args.file, args.world, sizes)
+        if found is None:  # a rank other than 0 under torchrun
+            return OK
+        out = args.output or str(Path(args.file).with_suffix(""))
+        _write(out, args.file, lambda: timeline.chrome_trace(found, f"{out}.json"))
+        timeline.draw(found, f"{out}.png")
+        print(timeline.summary(found))
+        print(f"{args.file}: wrote {out}.json (open at ui.perfetto.dev) and {out}.png", file=sys.stderr)
+        return OK
+
+    return _guarded(args.file, trace)
+
+
 # ---- errors: diagnostics, missing parts, bugs ----------------------------------------------------
 
 def _guarded(path: str, action, *args) -> int:
@@ -280,6 +299,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--emulate", action="store_true", help="run the ranks in Triton's interpreter on the CPU")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.set_defaults(handler=cmd_run)
+
+    trace = commands.add_parser("trace", help="record every rank's timeline of a call",
+                                description="Run FILE traced (emulated, or for real under torchrun) and write "
+                                            "OUT.json (Chrome/Perfetto trace) and OUT.png (every rank's lanes).")
+    trace.add_argument("file", metavar="FILE", help="a .tds program")
+    trace.add_argument("-o", "--output", metavar="OUT", help="output path without suffix (default: FILE's)")
+    trace.add_argument("--world", type=_positive, default=2, metavar="N", help="emulated ranks (default 2)")
+    trace.add_argument("--size", metavar="NAME=VALUE", type=_size, action="append", default=[],
+                       help="a param size (repeatable)")
+    trace.add_argument("--emulate", action="store_true", help="emulate even under torchrun")
+    trace.set_defaults(handler=cmd_trace)
     return parser
 
 

@@ -13,6 +13,7 @@ import tiledsl
 from tiledsl.library import program as library_program
 
 ALGORITHMS = {"one_shot": "allreduce", "two_shot": "allreduce_two_shot"}  # programs of the library
+OUT_OF_PLACE = "allreduce_out"  # one-shot into another tensor: reads an input on the heap where it is
 # Bytes from which two-shot is used at world 3 and more. One-shot reads (world-1) times the message
 # over NVLink, two-shot 2 (world-1)/world times: the same at world 2, where one-shot (less local work,
 # one step) was faster at every size from 8 KB to 256 MB (bench/results/2026-11-29-world2), so world 2
@@ -85,9 +86,18 @@ class AllReduce:
             raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
         return self._library.get(ALGORITHMS[algorithm], dtype, **ALGORITHM_OPTIONS[algorithm])
 
-    def __call__(self, x: torch.Tensor, algorithm: str | None = None, check: bool = True) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, algorithm: str | None = None, check: bool = True,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """x summed over the ranks: in place, or into `out` (one-shot, `allreduce_out.tds`). An x
+        allocated with `tiledsl.empty` on this heap is then read where it is, with no copy into the heap:
+        the lowest latency and the most bandwidth (the kernel is the whole call)."""
         if not x.is_contiguous():
-            raise ValueError("AllReduce works in place on a contiguous tensor (call .contiguous() first)")
+            raise ValueError("AllReduce works on a contiguous tensor (call .contiguous() first)")
+        if out is not None:
+            program = self._library.get(OUT_OF_PLACE, x.dtype, **ALGORITHM_OPTIONS["one_shot"])
+            self.last_algorithm = "one_shot_out"
+            program(x.view(-1), out.view(-1), check=check)
+            return out
         algorithm = self.choose(x) if algorithm is None else algorithm
         program = self.program(algorithm, x.dtype)
         self.last_algorithm = algorithm

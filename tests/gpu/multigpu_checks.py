@@ -190,6 +190,92 @@ def main() -> int:
         raise AssertionError("a float32 A was accepted")
     record("launch validation names the wrong tensor", validation)
 
+    def user_graph(name, make_case, calls_per_graph, **options):
+        """Calls recorded into the caller's own CUDA graph (as a serving engine captures a decode step),
+        after one warm-up call; each replay on fresh inputs in the same tensors, every replay checked,
+        waits still bounded (check() after the replays)."""
+        def run():
+            program = tiledsl.compile(PROGRAMS / f"{name}.tds", heap, **options)
+            case = make_case()
+            case.refresh()
+            program(*case.args)  # warm-up: prepares the call, compiles, copies its tables to the GPU
+            if calls_per_graph == 1:
+                case.verify()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls_per_graph):
+                    program(*case.args, check=False)
+            for _ in range(20):
+                case.refresh()
+                graph.replay()
+                torch.cuda.synchronize()
+                case.verify()
+            program.check()
+        return run
+
+    def allreduce_case(n, calls=1):
+        """X summed over ranks in place, `calls` times over: each call reduces the last one's result."""
+        X, want = empty(n, **BF16), empty(n)
+
+        def refresh():
+            X.normal_()
+            want.copy_(X)
+            dist.all_reduce(want)
+            want.mul_(world ** (calls - 1))
+        return Case((X,), refresh, lambda: close(X, want))
+
+    M, K, N = shapes[0]
+    record(f"user CUDA graph, ag_gemm (copy engine) M={M} K={K} N={N}",
+           user_graph("ag_gemm", lambda: ag_gemm_case(world, M, K, N), 1))
+    # a staged input, an odd number of calls a graph: the staging buffer's parity is frozen in the graph
+    record("user CUDA graph, allreduce (staged input) x1 per graph N=1048576",
+           user_graph("allreduce", lambda: allreduce_case(1 << 20), 1))
+    record("user CUDA graph, allreduce (staged input) x3 per graph N=4096",
+           user_graph("allreduce", lambda: allreduce_case(4096, calls=3), 3))
+
+    def capture_without_warm_up():
+        program = tiledsl.compile(PROGRAMS / "allreduce.tds", heap)
+        X = empty(4096, **BF16).normal_()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                program(X, check=False)
+        except LaunchError as error:
+            assert "call it once with these tensors before capturing" in str(error), str(error)
+            return
+        raise AssertionError("a capture without a warm-up call was not refused by name")
+    record("user CUDA graph without a warm-up call is refused by name", capture_without_warm_up)
+
+    def recovery():
+        """A call that fails on one rank (a wrong tensor there) times out on the other; reset() on every
+        rank puts them back in step, and the next calls are right."""
+        program = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, wait_timeout_s=0.5)
+        case = allreduce_case(8192)
+        case.refresh()
+        program(*case.args)
+        bad = empty(8192).normal_() if dist.get_rank() == 1 else case.args[0]
+        try:
+            program(bad)
+        except (LaunchError, ScheduleTimeout):
+            pass
+        program.reset()
+        for _ in range(3):
+            case.refresh()
+            program(*case.args)
+            case.verify()
+    record("a failed call, then reset() on every rank, then correct calls", recovery)
+
+    def unaligned():
+        program = tiledsl.compile(PROGRAMS / "ag_gemm.tds", heap)
+        A, B = empty(1024 // world, 256, **BF16).normal_(), empty(256, 32001, **BF16).normal_()
+        try:
+            program(A, B, empty(1024, 32001, **BF16))
+        except LaunchError as error:
+            assert "'B'" in str(error) and "16 bytes" in str(error), str(error)
+            return
+        raise AssertionError("N=32001 reached Triton's stride assertion instead of a LaunchError")
+    record("N=32001 (rows not a multiple of 16 bytes) is refused by name", unaligned)
+
     return checks.finish(heap)
 
 

@@ -14,8 +14,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 HERE = Path(__file__).parent
-# checks that need the real runtime (a schedule timing out, launch validation): the stand-ins cannot pass them
-RUNTIME_ONLY = {"broken schedule reports rank, edge and epoch", "launch validation names the wrong tensor"}
+# checks that need the real runtime or a GPU (a schedule timing out, launch validation, CUDA graphs the caller
+# captures, reset after a failed call, TMA alignment): the stand-ins cannot pass them; by name, sizes aside
+RUNTIME_ONLY = {"broken schedule reports rank, edge and epoch", "launch validation names the wrong tensor",
+                "user CUDA graph, ag_gemm (copy engine)", "user CUDA graph, allreduce (staged input) x1 per graph",
+                "user CUDA graph, allreduce (staged input) x3 per graph",
+                "user CUDA graph without a warm-up call is refused by name",
+                "a failed call, then reset() on every rank, then correct calls",
+                "N=32001 (rows not a multiple of 16 bytes) is refused by name"}
 
 
 def _all_reduce(x):
@@ -156,7 +162,8 @@ def test_checks_pass_a_correct_stand_in_and_fail_a_stale_one(script, capfd):
     assert _run_script(script, stale=False) == [(0, rc), (1, rc)]
     out = capfd.readouterr().out
     passed, failed = _lines(out, "PASS"), _lines(out, "FAIL")
-    assert len(passed) > 20 and set(failed) == runtime_only, out
+    named = {name if name in runtime_only else name.rsplit(" M=", 1)[0].rsplit(" N=", 1)[0] for name in failed}
+    assert len(passed) > 20 and named == runtime_only, out
     assert f"{len(passed) + len(failed)} run, {len(failed)} failed" in out.splitlines()
 
     assert _run_script(script, stale=True) == [(0, 1), (1, 1)]

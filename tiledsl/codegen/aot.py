@@ -29,7 +29,8 @@ def arch_number(arch: str) -> int:
     return int(match.group(1))
 
 
-def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None):
+def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None,
+                   trace: bool = False):
     """Compile `module.tds_kernel` for `arch` with every family enabled; returns Triton's CompiledKernel.
     The signature comes from the module's one list of kernel arguments (`tds_ARGS`); `dtype` replaces
     the tensors' own (an fp16 build of a bf16 program, say)."""
@@ -57,7 +58,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             constexprs[arg.name] = blocks[arg.name]
         elif arg.kind is Kind.ROLE:
             role = arg.name.split("_")[1]
-            constexprs[arg.name] = {"ENTER": True, "RUN": True, "START": 0, "PROGRAMS": 132}[role]
+            constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": True, "START": 0,
+                                    "PROGRAMS": 132}[role]
         else:
             signature[arg.name] = "i32"
     for name in constexprs:

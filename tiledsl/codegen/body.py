@@ -160,6 +160,13 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Record:
+    """A timeline stamp of this instance (runtime/timeline.py: 0 start, 1 waits over, 2 end), compiled
+    out unless the program is built with trace=True."""
+    point: int
+
+
+@dataclass(frozen=True)
 class Fence:
     """Between waits and the TMA loads that read what they acquired (sync.fence_async)."""
 
@@ -209,8 +216,8 @@ class Get:
     split: int
 
 
-Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Copy,
-                  Put, Get]
+Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
+                  Copy, Put, Get]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------

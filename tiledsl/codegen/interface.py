@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import Copy, Get, Load, Loop, Place, Product, Put, Store, TmaStore, Zeros
+from tiledsl.codegen.body import Copy, Get, Load, Loop, Place, Product, Put, Record, Store, TmaStore, Zeros
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -69,7 +69,11 @@ def interface_of(plan) -> KernelInterface:
             args.append(Arg("tds_shmem_barrier", Kind.BARRIER_SHMEM, dtype="int64"))
     args += [Arg(c, Kind.CONST) for c in plan.consts]
     args += [Arg(name, Kind.BLOCK) for f in plan.families for name, _ in f.blocks]
+    args += [Arg(f"tds_trace_{f.name}", Kind.TRACE, f.name, "int64") for f in kernel_families]
+    args.append(Arg("tds_trace_entry", Kind.TRACE, None, "int64"))
     args.append(Arg("tds_ENTER", Kind.ROLE))
+    args.append(Arg("tds_EXIT", Kind.ROLE))
+    args.append(Arg("tds_TRACE", Kind.ROLE))
     for f in kernel_families:
         args += [Arg(f"tds_{role}_{f.name}", Kind.ROLE, f.name) for role in ("RUN", "START", "PROGRAMS")]
     order = {a.name: n for n, a in enumerate(args)}
@@ -153,6 +157,8 @@ def _needs(family, plan) -> set[str]:
             names.update({f"tds_desc_{family.name}_c", s.tensor})
         elif isinstance(s, Zeros):
             names.update(b for b in s.blocks if isinstance(b, str))
+        elif isinstance(s, Record):
+            names.update({f"tds_trace_{family.name}", "tds_TRACE"})
     if family.waits:
         names.update({EPOCH, "tds_diag", "tds_max_spins", "rank"})
         names.update(f"tds_sig_{w.producer}" for w in family.waits)

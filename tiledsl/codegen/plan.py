@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import sympy
 
 import tiledsl
-from tiledsl.codegen.body import Fence, LoweringError, Product, Put, Statement, Wait, chunk_body, tile_body
+from tiledsl.codegen.body import Fence, LoweringError, Product, Put, Record, Statement, Wait, chunk_body, tile_body
 from tiledsl.codegen.interface import KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
 
@@ -97,6 +97,11 @@ class Family:
     @property
     def host_count(self) -> sympy.Expr:
         return sympy.Mul(*self.host_extents)
+
+    @property
+    def row(self) -> sympy.Expr:
+        """This instance's part among the family's slots: its signal slot on a rank, its timeline row."""
+        return INSTANCE * self.split + (PART if self.split > 1 else 0)
 
     @property
     def slots(self) -> sympy.Expr:
@@ -264,6 +269,8 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
     waits = tuple(_waits(schedule, family, kernel, reach)) if on_sms else ()
     # a product's TMA loads read what its waits acquired, through another proxy: a fence between them
     body = waits + ((Fence(),) if waits and product is not None else ()) + body
+    if on_sms:  # timeline stamps, compiled out unless traced
+        body = (Record(0),) + body[:len(waits)] + (Record(1),) + body[len(waits):] + (Record(2),)
     # Flattening lets the pipeliner issue the next tile's TMA loads before that tile's wait: only a
     # product that waits on nothing may be flattened (seen on H200: stale rows of A_all otherwise). A
     # count in a flattened loop, or a chunk's copy loop in the same kernel, stops Triton 3.6-3.9 from

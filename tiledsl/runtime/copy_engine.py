@@ -72,6 +72,7 @@ class CopyList:
         for op in ops:
             target, source, addresses = op[:3]
             waits = op[3] if len(op) > 3 else ()
+            row = op[4] if len(op) > 4 else None  # timeline stamps before and after it (runtime/timeline.py)
             for address in addresses:
                 _check_slot(address, 0)
             for address, count in waits:
@@ -82,17 +83,19 @@ class CopyList:
                     and source.is_contiguous()):
                 raw = (driver.CUdeviceptr(target.data_ptr()), driver.CUdeviceptr(source.data_ptr()),
                        target.numel() * target.element_size())
-                self._ops.append((waits, raw, None, signals))
+                self._ops.append((waits, raw, None, signals, row))
             else:
-                self._ops.append((waits, None, (target, source), signals))
+                self._ops.append((waits, None, (target, source), signals, row))
 
     def issue(self) -> None:
         """Enqueue every wait, copy and signal on the stream (which must already follow their sources)."""
         driver = self._driver
         geq = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ if any(op[0] for op in self._ops) else None
-        for waits, raw, tensors, signals in self._ops:
+        for waits, raw, tensors, signals, row in self._ops:
+            self._stamp(row, 0)
             for address, count in waits:
                 _check(driver, driver.cuStreamWaitValue32(self._stream, address, count, geq), "cuStreamWaitValue32")
+            self._stamp(row, 1)
             if raw is not None:
                 _check(driver, driver.cuMemcpyAsync(*raw, self._stream), "cuMemcpyAsync")
             else:
@@ -100,6 +103,15 @@ class CopyList:
                     tensors[0].copy_(tensors[1], non_blocking=True)
             for signal in signals:
                 _check(driver, driver.cuMemcpyAsync(signal, self._cell, 4, self._stream), "cuMemcpyAsync")
+            self._stamp(row, 2)
+
+    def _stamp(self, row, point: int) -> None:
+        """A one-thread kernel on the stream writing the GPU clock into the chunk's timeline row."""
+        if row is None:
+            return
+        from tiledsl.runtime import timeline
+        with torch.cuda.stream(self._torch_stream):
+            timeline.stamp[(1,)](row, point)
 
 
 def copy_and_signal(stream: torch.cuda.Stream, dst: torch.Tensor, src: torch.Tensor, signal_address: int,

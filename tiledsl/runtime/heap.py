@@ -106,6 +106,12 @@ class SymmetricHeap:
         assert delta % t.element_size() == 0, f"rank {r}'s copy is not {t.element_size()}-byte aligned to ours"
         return delta // t.element_size()
 
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether `t` is one of this heap's tensors (from `alloc`, or `tiledsl.empty`), whole and contiguous:
+        peers can read it where it is."""
+        kept = self._allocations.get(t.data_ptr())
+        return kept is not None and t.is_contiguous() and t.shape == kept.shape and t.dtype == kept.dtype
+
     def barrier(self) -> None:
         """Host-side barrier across ranks, after all work already enqueued on the current stream is done."""
         raise NotImplementedError

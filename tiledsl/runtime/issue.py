@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tiledsl.runtime import sync
+from tiledsl.runtime import sync, timeline
 from tiledsl.runtime.replay import Replay
 
 
@@ -30,6 +30,7 @@ class PreparedCall:
     options: dict
     fold: bool            # the kernel is the call's entry (no separate entry launch)
     counts: list          # per-row counts of instances done that copy-engine chunks wait on, zeroed first
+    exit: bool = False    # inputs peers read in place: the kernel ends with a barrier of all ranks
     # after the first call on a GPU: the compiled entry and kernel relaunched directly, the copies
     # prepared; from the second, the whole call replayed from a CUDA graph
     issued: bool = False
@@ -42,6 +43,8 @@ class PreparedCall:
 class Issuing:
     """The issue paths of `launch.Program`, which owns the module, the epoch cell and the streams."""
 
+    trace = False  # stamp a timeline (launch.Program sets it)
+
     def _issue_serialised(self, call):
         """Emulated: the families one after another in dependency order, each in its own launch."""
         self._begin(call)
@@ -49,28 +52,44 @@ class Issuing:
             if spec.name in self.skip:
                 continue
             if spec.engine == "copy_engine":
-                for target, source, signals, waits in call.copies[spec.name]:
+                for target, source, signals, waits, row in call.copies[spec.name]:
+                    if row is not None:
+                        row[timeline.START], row[timeline.PLACE] = timeline._host_now(), -1
                     for count, index, expected, edge in waits:
                         if int(count[index]) < expected:  # emulated, the producer ran first or never will
                             raise ScheduleTimeout(
                                 f"rank {self.rank} timed out waiting on edge {edge}: {self.module.tds_EDGES[edge]} "
                                 f"(copy engine, row {index}: expected {expected} of its instances done, saw "
                                 f"{int(count[index])})")
+                    if row is not None:
+                        row[timeline.WAITED] = timeline._host_now()
                     target.copy_(source)
                     for signal, slot in signals:
                         signal.view(-1)[slot] = self.epoch
+                    if row is not None:
+                        row[timeline.END] = timeline._host_now()
             else:
                 roles, grid = self._roles(call.env, only=spec.name)
-                roles["tds_ENTER"] = call.fold
+                roles.update(tds_ENTER=call.fold, tds_EXIT=call.exit, tds_TRACE=self.trace)
                 self._launch(grid, call.kernel_args, roles, call.options)
 
     def _launch(self, grid: int, args: dict, roles: dict, options: dict):
         """The persistent kernel through Triton's JIT (compiling on first use); returns the compiled kernel."""
         return self.module.tds_kernel[(grid,)](**args, **roles, **options)
 
-    def _begin(self, call):
+    def _begin(self, call, captured: bool = False):
         """What every call does first, emulated or not: stage the inputs, zero the counts copy-engine
-        chunks wait on, and pass the entry unless the kernel is its own entry."""
+        chunks wait on, and pass the entry unless the kernel is its own entry. Recorded into a caller's
+        graph, the staging buffer's parity is frozen: a graph with an odd number of calls would stage
+        into the buffer a peer may still read from the last replay, so such a call first waits for
+        every rank at a barrier of its own (one more entry)."""
+        if captured and call.staged:
+            self._enter(call)
+        if self.trace:  # the timeline's origin: stamped by the kernel's first program, by the host emulated
+            entry = call.kernel_args["tds_trace_entry"]
+            entry.zero_()
+            if self.emulated:
+                entry[0, timeline.START] = timeline._host_now()
         for target, source in call.staged:
             target.copy_(source)
         for count in call.counts:
@@ -94,11 +113,11 @@ class Issuing:
         if self.replay:
             call.enter_replay = Replay(function, compiled, (1,), dict(zip(function.arg_names, args)))
 
-    def _issue(self, call):
+    def _issue(self, call, captured: bool = False):
         """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
         the persistent kernel on the current stream, joined at the end."""
         compute = torch.cuda.current_stream()
-        self._begin(call)
+        self._begin(call, captured)
         if call.copies:
             if self._comm_stream is None:
                 self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tiledsl.runtime import sync, validate
+from tiledsl.runtime import sync, timeline, validate
 # ScheduleTimeout is raised by check() below, and callers import it from here
 from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
@@ -34,7 +34,8 @@ class Program(Issuing):
 
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
                  dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
-                 graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, **consts):
+                 graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, trace: bool = False,
+                 **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated and not sync.EMULATED:
@@ -42,7 +43,9 @@ class Program(Issuing):
         if consts:
             raise LaunchError("consts are fixed when the program is built: pass them to tiledsl.compile()")
         self.heap = heap
-        self.dtype_override = dtype_override or {}
+        # by name ("bfloat16") or by torch dtype (torch.bfloat16)
+        self.dtype_override = {k if isinstance(k, str) else str(k).removeprefix("torch."): v
+                               for k, v in (dtype_override or {}).items()}
         mode = "emulated" if self.emulated else "gpu"
         self.max_spins = max(1, int(wait_timeout_s * SPINS_PER_SECOND[mode]))
         self.num_sms = num_sms
@@ -57,6 +60,8 @@ class Program(Issuing):
         self.graphs = graphs and not self.emulated
         # let the persistent kernel be the call's entry where it can (False: an entry kernel every call)
         self.fold_entry = fold_entry
+        # stamp every instance's start, end of waits and end into a timeline (runtime/timeline.py)
+        self.trace = trace
         self._epoch_cell = None  # int32 on the device: the epoch the running call's kernels read
         # staged inputs alternate between two heap copies by epoch parity: one prepared call for each
         self._staging = any(t.staged for t in module.tds_TENSORS)
@@ -129,15 +134,28 @@ class Program(Issuing):
                 dtype = torch.int64 if spec.engine == "nvshmem" or spec.notify == "world" else torch.int32
                 res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots), dtype)
         if self.module.tds_DISTRIBUTED and self.spans_nodes:
-            # two levels: one slot per rank of the node, then one per node (an NVSHMEM signal, 64-bit)
-            res["barrier"] = self._alloc_signals((self.topology.local_world + self.topology.nodes,), torch.int64)
+            # two levels: one slot per rank of the node, then one per node (an NVSHMEM signal, 64-bit);
+            # entry, then exit slots
+            levels = self.topology.local_world + self.topology.nodes
+            res["barrier"] = self._alloc_signals((2 * levels,), torch.int64)
         elif self.module.tds_DISTRIBUTED:
-            res["barrier"] = self._alloc_signals((self.world,), torch.int32)
+            res["barrier"] = self._alloc_signals((2 * self.world,), torch.int32)  # entry, then exit slots
         for name, order in self.module.tds_orders(env).items():
             res[f"order_{name}"] = order
             res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
         res["blocks"] = self.module.tds_blocks(env)
         res["diag"] = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
+        for spec in self.module.tds_FAMILIES:  # timeline rows: one per instance part when traced, else one
+            rows = counts[spec.name] * spec.split if self.trace else 1
+            res[f"trace_{spec.name}"] = torch.zeros(rows, timeline.FIELDS, dtype=torch.int64, device=self.device)
+        res["trace_entry"] = torch.zeros(1, timeline.FIELDS, dtype=torch.int64, device=self.device)
+        if self.trace and not self.emulated and any(f.engine == "copy_engine" for f in self.module.tds_FAMILIES):
+            # The copy stream stamps with a small kernel: compile and load it now. Its first launch would
+            # load its module, which waits for the device, where the kernel waits for the copies (a hang,
+            # seen on H200 in bench_trace at ag_gemm).
+            for point in (timeline.START, timeline.WAITED, timeline.END):
+                timeline.stamp[(1,)](res["trace_entry"][0], point)
+            torch.cuda.synchronize(self.device)
         self._resources[key] = res
         return res
 
@@ -161,21 +179,39 @@ class Program(Issuing):
         return offsets(shared) + delta
 
     # ---- one call -------------------------------------------------------------------------------
+    # torch.compile calls a program as it is (a graph break); tiledsl.ops offers custom ops that compile whole
+    @torch.compiler.disable
     def __call__(self, *args, check: bool = True, **kwargs):
+        """One call. Inside the caller's own CUDA-graph capture (`torch.cuda.graph`) a call that was made
+        once before with the same tensors makes no host synchronisation and no host-to-device copy: it
+        is recorded into that graph, and its waits stay bounded (`check()` after a replay reports a
+        timeout)."""
         tensors = validate.bind(self.module.__name__, self.callers, args, kwargs)
+        capturing = not self.emulated and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
         # so a steady-state call is a few launches and no Python bookkeeping.
         parity = (self.epoch + 1) % 2 if self._staging else 0
         key = (parity,) + tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
                                 for n, t in tensors.items())
         call = self._calls.get(key)
+        if call is None and capturing and self._staging:
+            # recorded into the caller's graph the parity is frozen anyway (a barrier guards the staging,
+            # see Issuing._begin): a call prepared for the other parity serves as well
+            call = self._calls.get((1 - parity,) + key[1:])
         if call is None:
+            if capturing:
+                raise LaunchError(f"{self.module.__name__} is called inside a CUDA-graph capture with tensors it has "
+                                  "not seen: call it once with these tensors before capturing (preparing a call "
+                                  "copies its tables to the GPU, which a capture forbids)")
             if len(self._calls) >= MAX_PREPARED_CALLS:
                 self._calls.clear()
             call = self._calls[key] = self._prepare(tensors, parity)
         self.epoch += 1
         if self.emulated:
             self._issue_serialised(call)
+        elif capturing:
+            self._issue(call, captured=True)  # into the caller's graph, never into one of ours
+            call.issued = True
         elif call.graph is not None:
             call.graph.replay()
         elif call.issued and self.graphs:
@@ -183,7 +219,7 @@ class Program(Issuing):
         else:
             self._issue(call)
             call.issued = True
-        if check:
+        if check and not capturing:  # a capture cannot synchronise: check() after replaying the graph
             self.check()
         outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -197,14 +233,20 @@ class Program(Issuing):
         res = self._resources_for(env)
         # A staged tensor has two faces: this rank's own accesses use the caller's tensor (an inout is
         # written there), peers read the copy staged in the heap at the call's start.
+        # An `in` tensor the caller allocated on the heap (tiledsl.empty) is read by peers where it is: no
+        # copy, but an exit barrier, so that no rank overwrites it (after returning) while a peer reads it.
         views = dict(tensors)
-        shared = {}  # staged tensor -> its heap copy for this parity
+        shared = {}  # staged tensor -> its heap copy for this parity, or the caller's own heap tensor
+        in_place = set()
         for spec in self.module.tds_TENSORS:
-            if spec.staged:
+            if spec.staged and spec.role == "in" and self.heap is not None and self.heap.owns(tensors[spec.name]):
+                shared[spec.name] = tensors[spec.name]
+                in_place.add(spec.name)
+            elif spec.staged:
                 shared[spec.name] = res[spec.name][parity]
             elif spec.name in res:
                 views[spec.name] = res[spec.name]
-        staged = [(shared[name], tensors[name]) for name in shared]
+        staged = [(shared[name], tensors[name]) for name in shared if name not in in_place]
         barrier = ()
         if self.module.tds_DISTRIBUTED and self.spans_nodes:
             topology = self.topology
@@ -217,11 +259,11 @@ class Program(Issuing):
         roles, grid = (None, 0) if self.emulated else self._roles(env)
         fold = self._folds_entry(copies, staged, grid)
         if roles is not None:
-            roles["tds_ENTER"] = fold
+            roles.update(tds_ENTER=fold, tds_EXIT=bool(in_place), tds_TRACE=self.trace)
         args = self._kernel_args(env, res, views, shared, barrier)
         counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
         return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold,
-                            counts)
+                            counts, exit=bool(in_place))
 
     def _folds_entry(self, copies, staged, grid) -> bool:
         """Whether the persistent kernel can be the call's entry itself (one launch fewer): only when no
@@ -276,6 +318,8 @@ class Program(Issuing):
                 a[arg.name] = barrier[0]
             elif kind is Kind.BARRIER_PEERS:
                 a[arg.name] = barrier[1]
+            elif kind is Kind.TRACE:
+                a[arg.name] = res[f"trace_{arg.of or 'entry'}"]
         return a
 
     def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
@@ -337,22 +381,57 @@ class Program(Issuing):
             source, target = view_of(env, tensor, instance)
             slot = self.rank * spec.split * count + instance * spec.split
             copies = [(self._signal_view(signals, r), slot) for r in ranks]
+            row = res[f"trace_{spec.name}"][instance * spec.split] if self.trace else None
             waits = [(res[f"count_{producer}"], index, expected, edge)
                      for producer, index, expected, edge in (waits_of(env, instance) if waits_of else [])
                      if producer not in self.skip or self.emulated]
             if not self.emulated:
                 copies = [view.data_ptr() + view.element_size() * slot for view, slot in copies]
                 waits = [(c.data_ptr() + c.element_size() * index, expected) for c, index, expected, _ in waits]
-            ops.append((target, source, copies, waits))
+            ops.append((target, source, copies, waits, row))
         return ops
+
+    def trace_buffers(self) -> dict:
+        """The last traced call's timeline rows on this rank: per family, and the entry's (runtime/timeline.py)."""
+        if not self.trace or not self._resources:
+            raise RuntimeError("no traced call yet: compile with trace=True and call the program")
+        res = next(reversed(self._resources.values()))
+        if not self.emulated:
+            torch.cuda.synchronize(self.device)
+        return {name[6:]: value for name, value in res.items() if name.startswith("trace_")}
 
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)
 
-    def release(self) -> None:
-        """Drop every prepared call: the caller tensors, CUDA graphs and launch arguments kept for the
-        tensor sets this program was called with (the next call with any of them prepares it again)."""
+    def release(self, *tensors: torch.Tensor) -> None:
+        """Drop the prepared calls (caller tensors, CUDA graphs, launch arguments) kept for the tensor sets
+        this program was called with: all of them, or only those that hold one of `tensors` (the next
+        call with any of them prepares it again)."""
+        if not tensors:
+            self._calls.clear()
+            return
+        pointers = {t.data_ptr() for t in tensors}
+        for key in [k for k in self._calls if any(entry[1] in pointers for entry in k[1:])]:
+            del self._calls[key]
+
+    def reset(self) -> None:
+        """Collective, on every rank: after a call failed (a ScheduleTimeout, an exception between its
+        launches), put the ranks back in step. Waits for this rank's work, then with every rank zeroes
+        the epochs, signals, counts and diagnostics, and drops the prepared calls and their graphs."""
+        if not self.emulated:
+            torch.cuda.synchronize(self.device)
+        if self.heap is not None:
+            self.heap.barrier()
+        for res in self._resources.values():
+            for name, value in res.items():
+                if name.startswith(("sig_", "count_")) or name in ("barrier", "diag"):
+                    value.zero_()
+        if self._epoch_cell is not None:
+            self._epoch_cell.zero_()
+        self.epoch = 0
         self._calls.clear()
+        if self.heap is not None:
+            self.heap.barrier()  # no rank starts a call before every rank's slots are zero
 
     # ---- deadline ------------------------------------------------------------------------------
     def check(self) -> None:
@@ -362,7 +441,8 @@ class Program(Issuing):
             if int(diag[sync.DIAG_FLAG]):
                 res["diag"].zero_()
                 edge = int(diag[sync.DIAG_EDGE])
-                what = "the entry barrier" if edge == sync.BARRIER_EDGE else f"edge {edge}: {self.module.tds_EDGES[edge]}"
+                what = "the entry barrier" if edge == sync.BARRIER_EDGE else "the exit barrier" \
+                    if edge == sync.EXIT_EDGE else f"edge {edge}: {self.module.tds_EDGES[edge]}"
                 raise ScheduleTimeout(
                     f"rank {int(diag[sync.DIAG_RANK])} timed out waiting on {what} "
                     f"(waiting instance {int(diag[sync.DIAG_INSTANCE])}, expected epoch "

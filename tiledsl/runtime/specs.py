@@ -34,6 +34,7 @@ class Kind(str, enum.Enum):
     CONST = "const"                # a compile-time size (constexpr)
     BLOCK = "block"                # a launch-time power-of-two block (constexpr)
     ROLE = "role"                  # which programs run which family, and whether the kernel is the entry
+    TRACE = "trace"                # a family's timeline rows (timeline.py), or the entry's: int64 [instances, 4]
 
 
 CONSTEXPR = (Kind.CONST, Kind.BLOCK, Kind.ROLE)

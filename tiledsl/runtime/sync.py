@@ -25,6 +25,7 @@ import triton.language as tl
 DIAG_FLAG, DIAG_RANK, DIAG_EDGE, DIAG_INSTANCE, DIAG_EXPECTED, DIAG_SEEN = range(6)
 DIAG_SIZE = 8
 BARRIER_EDGE = -1  # the edge number a timed-out entry barrier reports
+EXIT_EDGE = -2     # and a timed-out exit barrier (inputs peers read in place, runtime/launch.py)
 
 EMULATED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -144,8 +145,9 @@ def copy_signal(sig_ptr, epoch, pe, peers_sig):
 
 
 @triton.jit
-def arrive_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch, first, diag, max_spins):
-    """The entry barrier in two levels. Slots 0 .. local_world-1 of `bar_ptr`: each rank of this node
+def arrive_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch, first, diag, max_spins, edge):
+    """The entry barrier in two levels (`edge` BARRIER_EDGE; the exit barrier too, on the slots after the
+    entry's, EXIT_EDGE). Slots 0 .. local_world-1 of `bar_ptr`: each rank of this node
     arrived (stored through peer pointers); slots local_world + m: the rank of this local rank on node m
     saw its whole node arrive (an NVSHMEM signal). Passing both levels, every rank of every node has
     arrived: a node's signal is sent only once that node's first level is complete. The program with
@@ -156,13 +158,13 @@ def arrive_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch,
         for r in range(node * local_world, node * local_world + local_world):
             notify(bar_ptr + tl.load(peers_bar + r) + local_rank, epoch)
     for r in range(0, local_world):
-        wait(bar_ptr + r, epoch, diag=diag, max_spins=max_spins, rank=rank, edge=-1, instance=node * local_world + r)
+        wait(bar_ptr + r, epoch, diag=diag, max_spins=max_spins, rank=rank, edge=edge, instance=node * local_world + r)
     if first:
         for m in range(1, nodes):
             signal(bar_ptr + local_world + node, epoch, ((node + m) % nodes) * local_world + local_rank, shmem_bar)
     for m in range(1, nodes):
         other = (node + m) % nodes
-        wait_shmem(bar_ptr + local_world + other, epoch, diag=diag, max_spins=max_spins, rank=rank, edge=-1,
+        wait_shmem(bar_ptr + local_world + other, epoch, diag=diag, max_spins=max_spins, rank=rank, edge=edge,
                    instance=other * local_world + local_rank)
 
 
@@ -171,7 +173,7 @@ def barrier_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch
     """The entry of a call of a program written for several nodes, as a kernel of its own: advance the
     epoch, then the two-level barrier."""
     epoch = advance(epoch_cell)
-    arrive_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch, True, diag_ptr, max_spins)
+    arrive_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch, True, diag_ptr, max_spins, -1)
 
 
 @triton.jit

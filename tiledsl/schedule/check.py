@@ -39,7 +39,8 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
         world, nodes = topology.world, topology.nodes
         try:
             # sizes the tiles divide, and sizes where last tiles are partial
-            at_sizes = [default_sizes(schedule, world, nodes=nodes), ragged_sizes(schedule, world, nodes=nodes)]
+            divided = default_sizes(schedule, world, nodes=nodes)
+            at_sizes = [divided, ragged_sizes(schedule, world, nodes=nodes, sizes=divided)]
             concretes = [instantiate(schedule, world, sizes, nodes) for sizes in at_sizes if sizes is not None]
         except ValueError as why:
             unchecked.append(str(why))  # the launch conditions exclude this world, say
@@ -47,8 +48,9 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
         except ArithmeticError as why:
             unchecked.append(f"{why} at {topology}")  # a size divides by `rank`, say
             continue
-        for concrete in concretes:
-            for key, diagnostic in _concrete_findings(concrete):
+        for n, concrete in enumerate(concretes):
+            # the order warning is about speed at sizes a program is meant for, not at ragged edges
+            for key, diagnostic in _concrete_findings(concrete, order_warnings=n == 0):
                 found.setdefault(key, diagnostic)
     if cyclic is not None and not any(key[0] in ("cycle", "self") for key in found):
         key, diagnostic = _family_cycle(schedule, cyclic)
@@ -59,7 +61,7 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     return sorted(found.values(), key=lambda d: (d.span.line, d.span.column, d.message))
 
 
-def _concrete_findings(concrete: Concrete):
+def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
     yield from _bounds(concrete)
     yield from transport.findings(concrete)
     yield from _skipped(concrete)
@@ -76,7 +78,8 @@ def _concrete_findings(concrete: Concrete):
     yield from races.find_races(concrete, races.ancestors(concrete, successors, order))
     if concrete.sequence is None:
         return  # families that wait on each other: no serial order (reported once, by check())
-    yield from _order_mismatch(concrete)
+    if order_warnings:
+        yield from _order_mismatch(concrete)
     if not self_waits:
         races.add_serial_order(concrete, successors)
         order = races.topological(successors)

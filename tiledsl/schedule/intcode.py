@@ -81,8 +81,10 @@ class _Printer:
         if e.is_Mul:
             coeff, rest = e.as_coeff_Mul()
             factors = sympy.Mul.make_args(rest)
-            if coeff == -1:
-                return f"-{self.product(factors) if len(factors) == 1 else self.text(rest, MUL)}", UNARY
+            if coeff == -1:  # unary minus binds tighter than `//` and `%`: `-(a // b)`, but `-a * b`
+                if len(factors) == 1:
+                    return f"-{self.text(rest, UNARY)}", UNARY
+                return f"-{self.product(factors, leading=False)}", UNARY
             if coeff != 1:  # the factors follow `coeff *`: none of them may be a bare `a // b` or `a % b`
                 return f"{self.text(coeff, MUL - 1)} * {self.product(factors, leading=False)}", MUL
             return self.product(factors), MUL if len(factors) > 1 else self.print(factors[0])[1]

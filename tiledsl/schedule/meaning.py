@@ -60,8 +60,13 @@ def compile_exprs(exprs: tuple, symbols: tuple) -> Callable[..., tuple]:
 def size_symbols(schedule: ir.Schedule) -> tuple[sympy.Symbol, ...]:
     """Params, consts and world, and nodes and local_world where the program names the topology: the
     leading arguments of every compiled expression, in this order (`size_values` gives their values)."""
-    topology = (ir.NODES, ir.LOCAL_WORLD) if schedule.spans_nodes else ()
-    return tuple(ir.size_symbol(n) for n in (*schedule.params, *schedule.consts)) + (ir.WORLD, *topology)
+    return _size_symbols(tuple(schedule.params), tuple(schedule.consts), schedule.spans_nodes)
+
+
+@functools.lru_cache(maxsize=256)
+def _size_symbols(params: tuple, consts: tuple, spans_nodes: bool) -> tuple[sympy.Symbol, ...]:
+    topology = (ir.NODES, ir.LOCAL_WORLD) if spans_nodes else ()
+    return tuple(ir.size_symbol(n) for n in (*params, *consts)) + (ir.WORLD, *topology)
 
 
 def size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> tuple[int, ...]:
@@ -121,12 +126,12 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
 
 
 def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
-                 nodes: int = 1) -> dict[str, int] | None:
+                 nodes: int = 1, sizes: dict[str, int] | None = None) -> dict[str, int] | None:
     """`default_sizes` with every param that no launch condition constrains moved off the multiples of
     the consts (p + 1 + n for the n-th such param), so that last tiles are partial and sizes differ
     from one another: the checker proves the schedule there too. None where nothing can move or the
-    result breaks a condition or the instance bound."""
-    sizes = default_sizes(schedule, world, max_instances, nodes)
+    result breaks a condition or the instance bound. `sizes`: default_sizes' answer, if known."""
+    sizes = sizes or default_sizes(schedule, world, max_instances, nodes)
     bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
     free = [p for p in schedule.params if p not in bound]
     if not free:

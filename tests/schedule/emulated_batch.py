@@ -1,0 +1,101 @@
+"""Many programs on one set of emulated ranks: one `run_ranks` call per world for a whole batch, since
+starting the rank processes costs more than running a small program. Each rank compiles and runs
+every program of the batch in turn; a program that fails (a timed-out wait, say) is recorded and the
+next one runs, in lockstep with the other ranks (a host barrier after each program)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tiledsl.runtime.emulate import run_ranks
+from tiledsl.runtime.reference import Reference
+from tiledsl.runtime.run_program import EMULATED_DTYPES, Verdict, compare, make_inputs
+
+CALLS = 2  # calls per program, each on fresh inputs
+
+
+@dataclass
+class Job:
+    """One program at one world: what every rank gets, and what its outputs must be."""
+    source: str
+    shapes: list[dict]      # per rank: every tensor's shape
+    inputs: list[list]      # per call, per rank: the caller's in and inout tensors
+    expected: list[list]    # per call, per rank: every tensor after the call (float64)
+    outputs: list[str]      # the out and inout tensors, compared after each call
+    dtypes: dict[str, str]  # of the outputs, as emulated
+
+
+def job(schedule, source: str, world: int, sizes: dict, seed: int = 0) -> Job:
+    reference = Reference(schedule, world, sizes, {}, EMULATED_DTYPES)
+    inputs = [make_inputs(schedule, world, sizes, seed + call, EMULATED_DTYPES) for call in range(CALLS)]
+    expected = [reference.run(given) for given in inputs]
+    outputs = [n for n, t in schedule.tensors.items() if t.role.value in ("out", "inout")]
+    dtypes = {n: EMULATED_DTYPES.get(schedule.tensors[n].dtype, schedule.tensors[n].dtype) for n in outputs}
+    return Job(source, [reference.shapes(rank) for rank in range(world)], inputs, expected, outputs, dtypes)
+
+
+def run_batch(jobs: list[Job], world: int, wait_timeout_s: float = 2.0) -> list[list[Verdict] | str]:
+    """Per job: a verdict per output and call, or the error that stopped it (with the rank)."""
+    payload = [(j.source, j.shapes, j.inputs) for j in jobs]
+    # every wait is bounded, so a rank ends; the bound here only catches a crashed rank process
+    results = run_ranks(_run_programs, world, payload, wait_timeout_s,
+                        timeout_s=120 + len(jobs) * CALLS * (wait_timeout_s * 3 + 10))
+    verdicts = []
+    for n, j in enumerate(jobs):
+        errors = [f"rank {rank}: {results[rank][n]}" for rank in range(world) if isinstance(results[rank][n], str)]
+        if errors:
+            verdicts.append("; ".join(errors))
+            continue
+        found = []
+        for call in range(CALLS):
+            for name in j.outputs:
+                got = [torch.from_numpy(results[rank][n][call][name]) for rank in range(world)]
+                want = [j.expected[call][rank][name] for rank in range(world)]
+                verdict = compare(name, got, want, j.dtypes[name], f", call {call + 1}")
+                if not torch.isfinite(torch.cat([g.double().flatten() for g in got])).all():
+                    verdict.ok = False  # NaN (never written) or Inf: a failure whatever the tolerance says
+                found.append(verdict)
+        verdicts.append(found)
+    return verdicts
+
+
+def _run_programs(heap, payload, wait_timeout_s):
+    """One emulated rank: each program compiled and called on poisoned outputs; the error if any. Once a
+    call failed on any rank, the program's later calls are skipped on every rank (a failed wait costs
+    its whole bound: calling again would only wait again)."""
+    import tiledsl
+    override = {k: getattr(torch, v) for k, v in EMULATED_DTYPES.items()}
+    failed = heap.alloc((len(payload),), torch.int32)  # set on every rank by a rank whose call failed
+    results = []
+    for number, (source, shapes, inputs) in enumerate(payload):
+        outputs, error = [], None
+        try:
+            program = tiledsl.compile(source, heap, emulated=True, dtype_override=override,
+                                      wait_timeout_s=wait_timeout_s)
+        except Exception as failure:  # noqa: BLE001 - reported against the program, the batch goes on
+            program, error = None, f"{type(failure).__name__}: {failure}"
+        for given in inputs if program is not None else ():
+            args = {}
+            for spec in program.callers:
+                dtype = override.get(spec.dtype, getattr(torch, spec.dtype))
+                if spec.role == "out":
+                    args[spec.name] = torch.full(shapes[heap.rank][spec.name], float("nan"), dtype=dtype)
+                else:
+                    args[spec.name] = given[heap.rank][spec.name].clone()
+            try:
+                program(**args)
+            except Exception as failure:  # noqa: BLE001
+                error = f"{type(failure).__name__}: {failure}"
+                for rank in range(heap.world):
+                    heap.peer(failed, rank)[number] = 1
+            outputs.append({s.name: args[s.name].numpy().copy() for s in program.callers
+                            if s.role in ("out", "inout")})
+            heap.barrier()
+            if int(failed[number]):
+                error = error or "another rank failed"
+                break
+        heap.barrier()
+        results.append(error if error is not None else outputs)
+    heap.close()
+    return results
