@@ -283,3 +283,52 @@ def test_tiledsl_run_refuses_a_one_node_program_on_two_nodes_before_any_rank_sta
     err = capsys.readouterr().err
     assert "allgather names no topology: it reaches other ranks through peer pointers, which stay within a node" \
         in err and "Traceback" not in err
+
+
+# ---- inputs on the heap, read in place: the exit barrier in two levels ---------------------------
+
+def _in_place_rank(heap, shape: tuple, calls: int) -> dict:
+    """hier_reduce_scatter with X on the heap (tiledsl.empty): peers read it where it is, and the caller
+    overwrites it as soon as each call returns, which only the exit barrier makes safe."""
+    import tiledsl
+    program = tiledsl.compile(PROGRAMS / "hier_reduce_scatter.tds", heap, emulated=True, dtype_override=EMULATED,
+                              wait_timeout_s=30.0)
+    x = tiledsl.empty(shape, torch.float32, heap=heap)
+    y = torch.empty(shape[0] // heap.world, shape[1])
+    got = {"Y": [], "staged": [], "exit": [], "barrier": []}
+    for call in range(calls):
+        x.copy_(torch.randn(shape, generator=torch.Generator().manual_seed(100 * call + heap.rank)))
+        y.fill_(float("nan"))
+        program(X=x, Y=y)
+        prepared = list(program._calls.values())  # one per staging parity
+        got["staged"].append(sum(len(p.staged) for p in prepared))
+        got["exit"].append(all(p.exit for p in prepared))
+        # the two-level barrier's slots: entry (this node's ranks, then the other nodes), then exit's
+        got["barrier"].append(prepared[0].kernel_args["tds_barrier"].tolist())
+        got["Y"].append(y.numpy().copy())
+    heap.close()
+    return got
+
+
+@pytest.mark.parametrize("world, nodes", [(4, 2), (2, 2)], ids=["2x2", "2x1"])
+def test_heap_inputs_read_in_place_across_nodes_and_overwritten_after_each_call_stay_right(world, nodes):
+    from tiledsl.runtime.emulate import run_ranks
+    shape, calls = (world * 45, 300), 3
+    per_rank = run_ranks(_in_place_rank, world, shape, calls, timeout_s=600.0, nodes=nodes)
+    for call in range(calls):
+        inputs = [{"X": torch.randn(shape, generator=torch.Generator().manual_seed(100 * call + r))}
+                  for r in range(world)]
+        for rank, want in enumerate(_expected("hier_reduce_scatter", inputs)):
+            assert_matches(per_rank[rank]["Y"][call], want["Y"], f"Y on rank {rank}, call {call}, {nodes} nodes")
+    # nothing copied into the heap: every call passed the exit barrier instead
+    assert all(r["staged"] == [0] * calls and r["exit"] == [True] * calls for r in per_rank)
+    # and every rank passed it: each slot of entry and exit, from its node and from the other nodes, holds
+    # the call's epoch or the next's (a peer may have entered the next call already); slots of a rank's
+    # own node are stored through pointers, the rest signalled
+    levels = world // nodes + nodes
+    for rank in range(world):
+        for call in range(calls):
+            slots = per_rank[rank]["barrier"][call]
+            own = (rank // (world // nodes)) + world // nodes  # the node's own slot is never signalled
+            assert len(slots) == 2 * levels and all(slots[s] >= call + 1 for s in range(2 * levels)
+                                                    if s not in (own, levels + own)), (rank, call, slots)
