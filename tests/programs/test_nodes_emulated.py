@@ -332,3 +332,23 @@ def test_heap_inputs_read_in_place_across_nodes_and_overwritten_after_each_call_
             own = (rank // (world // nodes)) + world // nodes  # the node's own slot is never signalled
             assert len(slots) == 2 * levels and all(slots[s] >= call + 1 for s in range(2 * levels)
                                                     if s not in (own, levels + own)), (rank, call, slots)
+
+
+# ---- the timeline of a program on nodes ------------------------------------------------------------
+
+def test_tiledsl_trace_stamps_every_instance_of_a_two_level_program_on_two_nodes(tmp_path, capsys):
+    """2 nodes x 2: each rank's puts across nodes (nvshmem), its copies of what landed, its pulls within
+    the node; each stamped once, its waits inside its span. A one-node program is refused on two nodes."""
+    from tiledsl.cli import main
+    from tiledsl.runtime import timeline
+    found = timeline.trace_emulated(os.fspath(PROGRAMS / "hier_allgather.tds"), 4, {"M": 4 * 37, "N": 45}, nodes=2)
+    counts = {}
+    for e in found:
+        counts[e.rank, e.family] = counts.get((e.rank, e.family), 0) + 1
+        assert e.start_us <= e.waited_us <= e.end_us, e
+    # across[m in nodes], mine[m in nodes], pull[k in local_world - 1, m in nodes]
+    assert counts == {(r, f): 2 for r in range(4) for f in ("across", "mine", "pull")}
+    assert main(["trace", os.fspath(PROGRAMS / "allgather.tds"), "--world", "2", "--nodes", "2",
+                 "-o", os.fspath(tmp_path / "t")]) == 1
+    err = capsys.readouterr().err
+    assert "allgather names no topology" in err and "Traceback" not in err
