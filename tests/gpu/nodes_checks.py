@@ -7,7 +7,8 @@ peer offset to them points into poisoned addresses). On a cluster, launch it wit
 Every hierarchical program against torch.distributed: AllGather, ReduceScatter and AllReduce (bf16 and
 fp32, 1 KB to 64 MB, and a ragged size near each), AG+GEMM and GEMM+RS (bf16, a square shape and one no
 tile divides, the latter through the CUDA graph, direct relaunch and the JIT); 100 calls back to back,
-fresh random inputs every call, outputs poisoned (NaN) before it and checked after. Then the topology
+fresh random inputs every call, outputs poisoned (NaN) before it and checked after; ReduceScatter also
+from an input on the heap, read in place and overwritten after every call. Then the topology
 itself: what the heap declares, no pointer to another node, and a one-node program refused at launch.
 Rank 0 prints one PASS/FAIL line a check."""
 import os
@@ -89,6 +90,30 @@ def reduce_scatter_check(heap, world, rows, cols, dtype):
                 Y.fill_(NAN)
             return Case((X, Y), refresh, lambda: close(Y, want, tolerance(dtype)))
         back_to_back(program, program.check, make_case, CALLS)
+    return run
+
+
+def reduce_scatter_in_place_check(heap, world, rows, cols, dtype):
+    """X on the symmetric heap (tiledsl.empty): peers on both levels read it where it is, no staging copy,
+    and each set's new inputs are copied into it right after the previous call returns (stream-ordered,
+    no synchronisation). Only the two-level exit barrier keeps that copy from overwriting rows a peer on
+    another node still reads."""
+    def run():
+        program = tiledsl.compile(PROGRAMS / "hier_reduce_scatter.tds", heap, dtype_override=override(dtype))
+        # heap.alloc is what tiledsl.empty does; without a heap (the scripts' CPU stand-ins) a plain tensor
+        X = heap.alloc((rows * world, cols), dtype) if heap is not None else empty(rows * world, cols, dtype=dtype)
+
+        def make_case():
+            source, want, Y = empty(rows * world, cols, dtype=dtype), empty(rows, cols), empty(rows, cols, dtype=dtype)
+
+            def refresh():
+                source.normal_()
+                dist.reduce_scatter_tensor(want, source.float())
+                Y.fill_(NAN)
+            return Case((X, Y), refresh, lambda: close(Y, want, tolerance(dtype)), load=lambda: X.copy_(source))
+        back_to_back(program, program.check, make_case, CALLS)
+        prepared = list(getattr(program, "_calls", {}).values())  # a stand-in prepares nothing
+        assert all(not call.staged and call.exit for call in prepared), "X was staged, not read in place"
     return run
 
 
@@ -199,6 +224,9 @@ def main() -> int:
                        allgather_check(heap, world, rows, cols, dtype))
                 record(f"hier_reduce_scatter {tag} {rows * world}x{cols} ({rows * cols * world * size} bytes in)",
                        reduce_scatter_check(heap, world, rows, cols, dtype))
+                if nbytes == BYTES[1]:
+                    record(f"hier_reduce_scatter {tag} {rows * world}x{cols} from the heap, read in place",
+                           reduce_scatter_in_place_check(heap, world, rows, cols, dtype))
             for numel in (nbytes // size, nbytes // size * 3 // 4 + 7):
                 record(f"hier_allreduce {tag} N={numel} ({numel * size} bytes)", allreduce_check(heap, numel, dtype))
 
