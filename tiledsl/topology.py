@@ -67,3 +67,41 @@ def declared(world: int, environ=None) -> Topology:
     if local and int(local) > 0 and world % int(local) == 0:
         return Topology.of(world, world // int(local))
     return Topology.one_node(world)
+
+
+def launched(world: int, rank: int, environ=None) -> Topology:
+    """`declared`, checked against where torchrun placed this rank (LOCAL_RANK of LOCAL_WORLD_SIZE on its
+    machine): tiledsl numbers ranks node by node, and a node whose ranks it reaches through pointers must
+    lie within one machine (a pretend node of TILEDSL_NODES too), or a pointer would cross the network."""
+    environ = os.environ if environ is None else environ
+    topology = declared(world, environ)
+    machine = _machine(environ)
+    if machine is None:
+        return topology
+    local_rank, per_machine = machine
+    if rank % per_machine != local_rank:
+        raise ValueError(f"rank {rank} is local rank {local_rank} of {per_machine} on its machine: tiledsl needs "
+                         f"the ranks numbered machine by machine (rank = node * local_world + local_rank), as "
+                         f"torchrun numbers them")
+    if per_machine % topology.local_world:
+        raise ValueError(f"{NODES_VARIABLE}={topology.nodes} makes nodes of {topology.local_world} ranks, but a "
+                         f"machine holds {per_machine}: a node tiledsl reaches through pointers must lie within "
+                         f"one machine (declare a multiple of {max(1, world // per_machine)} nodes)")
+    return topology
+
+
+def within_one_machine(ranks: list[int], environ=None) -> None:
+    """A process group other than the world's is taken for one node: its ranks must share a machine."""
+    machine = _machine(os.environ if environ is None else environ)
+    if machine is not None and len({r // machine[1] for r in ranks}) > 1:
+        raise ValueError(f"a process group of ranks {sorted(ranks)} spans machines of {machine[1]} ranks: a "
+                         f"symmetric heap on a group other than the world's reaches its ranks through pointers, "
+                         f"within one machine only")
+
+
+def _machine(environ) -> tuple[int, int] | None:
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE) where torchrun set them."""
+    local_rank, per_machine = environ.get("LOCAL_RANK"), environ.get("LOCAL_WORLD_SIZE")
+    if not local_rank or not per_machine or int(per_machine) < 1:
+        return None
+    return int(local_rank), int(per_machine)

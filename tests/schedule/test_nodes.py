@@ -16,7 +16,7 @@ from tiledsl.schedule import ir
 from tiledsl.schedule.meaning import (NODE_TOPOLOGIES, Reach, compile_exprs, default_sizes, instantiate,
                                       notify_reach, size_symbols, target, topologies)
 from tiledsl.schedule.witness import AcrossNodes, SignalAcross
-from tiledsl.topology import Topology, declared
+from tiledsl.topology import Topology, declared, launched, within_one_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 HIER = sorted((ROOT / "programs").glob("hier_*.tds"))
@@ -66,6 +66,26 @@ def test_the_topology_is_declared_by_tiledsl_nodes_else_by_torchrun_else_one_nod
     assert declared(3, {}) == Topology(1, 3)
     with pytest.raises(ValueError, match="TILEDSL_NODES=2: 3 ranks do not split into 2 nodes"):
         declared(3, {"TILEDSL_NODES": "2"})
+
+
+def test_the_topology_must_agree_with_where_torchrun_placed_each_rank():
+    """A node tiledsl reaches through pointers lies within one machine, pretend nodes included; ranks
+    numbered machine by machine. Each refusal beside the launch it is the twin of."""
+    two_machines = {"LOCAL_WORLD_SIZE": "2"}
+    assert launched(4, 3, {**two_machines, "LOCAL_RANK": "1"}) == Topology(2, 2)
+    assert launched(4, 3, {**two_machines, "LOCAL_RANK": "1", "TILEDSL_NODES": "4"}) == Topology(4, 1)
+    assert launched(2, 1, {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1", "TILEDSL_NODES": "2"}) == Topology(2, 1)
+    with pytest.raises(ValueError, match=r"TILEDSL_NODES=1 makes nodes of 4 ranks, but a machine holds 2: a node "
+                                         r"tiledsl reaches through pointers must lie within one machine \(declare a "
+                                         r"multiple of 2 nodes\)"):
+        launched(4, 3, {**two_machines, "LOCAL_RANK": "1", "TILEDSL_NODES": "1"})
+    with pytest.raises(ValueError, match="rank 3 is local rank 0 of 2 on its machine: tiledsl needs the ranks "
+                                         "numbered machine by machine"):
+        launched(4, 3, {**two_machines, "LOCAL_RANK": "0"})
+    assert launched(4, 3, {}) == Topology(1, 4)  # not under torchrun: what is declared
+    within_one_machine([2, 3], {**two_machines, "LOCAL_RANK": "0"})
+    with pytest.raises(ValueError, match=r"a process group of ranks \[1, 2\] spans machines of 2 ranks"):
+        within_one_machine([2, 1], {**two_machines, "LOCAL_RANK": "0"})
 
 
 def test_a_program_that_names_the_topology_is_proved_at_several_nodes_and_one_that_does_not_at_one():

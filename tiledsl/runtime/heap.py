@@ -14,7 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from tiledsl.topology import Topology, declared
+from tiledsl.topology import Topology, declared, launched, within_one_machine
 
 # NVLink SHARP / multicast off in every library that could reach for it; read once, when each library initialises.
 _NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -160,7 +160,11 @@ class _ProcessGroupHeap(SymmetricHeap):
         torch.cuda.set_device(local_rank)
         world = dist.get_world_size(self.group)
         # TILEDSL_NODES, else torchrun's LOCAL_WORLD_SIZE: the nodes of this launch (of the world group)
-        topology = declared(world) if world == dist.get_world_size() else Topology.one_node(world)
+        if world == dist.get_world_size():
+            topology = launched(world, dist.get_rank())
+        else:
+            within_one_machine(dist.get_process_group_ranks(self.group))
+            topology = Topology.one_node(world)
         super().__init__(dist.get_rank(self.group), world, torch.device("cuda", local_rank), topology)
 
     def barrier(self) -> None:
