@@ -1,6 +1,6 @@
 """The two-level programs on emulated ranks posing as several nodes, against their expectations written in
-torch (expectations.py): every hierarchical program at 2 nodes x 2 ranks, 2 x 1 and 1 x 4, where it must
-also equal its one-level counterpart on the same inputs. Each call gets fresh random inputs in the same
+torch (expectations.py): every hierarchical program at 2 nodes x 2 ranks, 2 x 1, 3 x 1 and 1 x 4 (where
+it must also equal its one-level counterpart on the same inputs). Each call gets fresh random inputs in the same
 tensors, with its outputs poisoned (NaN) first, and both calls are checked.
 
 On several emulated nodes the ranks talk across nodes only through NVSHMEM's stand-ins: a peer pointer
@@ -27,8 +27,8 @@ PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
 EMULATED = {"bfloat16": torch.float32}  # the interpreter's bf16 `tl.dot` is wrong: bf16 runs as float32
 TOLERANCE = 1e-5  # float32 against float64, relative to the output's largest magnitude
 CALLS = 2
-# (world, nodes): 2 nodes x 2 ranks, 2 x 1, 1 x 4
-TOPOLOGIES = [(4, 2), (2, 2), (4, 1)]
+# (world, nodes): 2 nodes x 2 ranks, 2 x 1, 1 x 4, and 3 x 1 (`mod nodes` arithmetic two nodes would hide)
+TOPOLOGIES = [(4, 2), (2, 2), (4, 1), (3, 3)]
 SMALL = {"BM": 16, "BN": 32}
 # program: (its inputs' shapes, its params at a world, consts, its one-level counterpart). Sizes no tile
 # divides where the launch conditions allow; small tiles, so that the GEMMs have several a rank.
