@@ -339,3 +339,41 @@ def test_every_hierarchical_program_checks_at_three_nodes_of_two_too(path):
     for sizes in (default_sizes(schedule, 6, nodes=3),):
         concrete = instantiate(schedule, 6, sizes, nodes=3)
         assert [d.message for _, d in _concrete_findings(concrete) if d.severity == "error"] == []
+
+
+# Refused twins of the two-level programs: one dependency each made to forget the nodes. On one node
+# every twin is the program itself (m, s and the node are 0 there), so each race below exists only
+# across nodes, and is found there, with its witness at several nodes.
+FORGETFUL = {
+    "hier_allgather": ("mine[m] after across[node] @ (m*local_world + local_rank)",
+                       "mine[m] after across[node] @ (local_rank)",
+                       "race: chunk 'mine' reads G while chunk 'across' may still write it"),
+    "hier_reduce_scatter": ("red[i, j] after send[node] @ (s*local_world + local_rank for s in nodes)",
+                            "red[i, j] after send[node] @ (local_rank)",
+                            "race: tile 'red' reads R while chunk 'send' may still write it"),
+    "hier_allreduce": ("tot[i] after across[node, i] @ (s*local_world + local_rank for s in nodes)",
+                       "tot[i] after across[node, i] @ (local_rank)",
+                       "race: tile 'tot' reads Q while chunk 'across' may still write it"),
+    "hier_ag_gemm": ("mm[i, j] after share[local_rank, ((i*BM) / Ms) / local_world]",
+                     "mm[i, j] after share[local_rank, 0]",
+                     "race: tile 'mm' reads A_all while chunk 'share' may still write it"),
+    "hier_gemm_rs": ("send[m] after part[m, *, *]", "send[m] after part[0, *, *]",
+                     "race: chunk 'send' reads S while tile 'part' may still write it"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGETFUL))
+def test_a_two_level_program_that_forgets_the_other_nodes_in_a_dependency_is_refused(name):
+    from tiledsl.schedule.check import _concrete_findings
+    old, new, message = FORGETFUL[name]
+    source = (ROOT / "programs" / f"{name}.tds").read_text()
+    assert source.count(old) == 1
+    twin = source.replace(old, new)
+    schedule = run(twin, until="schedule").schedule
+    for world in (2, 3, 4):  # one node: nothing to find
+        concrete = instantiate(schedule, world, default_sizes(schedule, world), nodes=1)
+        assert [d.message for _, d in _concrete_findings(concrete) if d.severity == "error"] == []
+    found = the_error(twin, message)
+    assert found.witness.at.nodes >= 2, found.witness
+    read = message.split(" reads ")[1].split(" ")[0]  # the error points at the read of that tensor
+    assert twin.splitlines()[found.span.line - 1][found.span.column - 1:].startswith(read), found.span
