@@ -78,7 +78,8 @@ for stage in $stages; do
     nodes)  # the GPUs pose as 2 nodes (2 x 1 on 2 GPUs): ranks on the two halves talk only through NVSHMEM
       w=${NODES_WORLD:-2}
       run "nodes_checks_world$w" 300 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" tests/gpu/nodes_checks.py
-      run "nodes_world$w" 300 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" bench/bench_nodes.py ;;
+      run "nodes_world$w" 300 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" bench/bench_nodes.py
+      run "nodes_mlp_world$w" 120 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" examples/nodes_mlp.py ;;
     *) echo "unknown stage $stage"; status=1; rows+=("$(printf '%-28s %5s' "$stage" "?")") ;;
   esac
   [ -n "${PACK:-}" ] && (cd "$OUT" && find . -type f -newer .started -print0 | tar czf "$PACK" --null -T -)

@@ -90,8 +90,8 @@ def test_the_nodes_stage_runs_the_checks_and_the_benchmark_on_gpus_posing_as_two
     code, out = gpu_all(tmp_path, ["nodes"], {"nodes_checks": stub, "bench_nodes": "3 outputs checked against "
                                                                                    "torch, 0 wrong\n"})
     assert code == 0, out
-    assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
-        ["nodes_checks_world2", "0", "2", "0"], ["nodes_world2", "0", "0", "0"]]
-    # the stage asks for the pretend topology: TILEDSL_NODES reaches both scripts
-    for log in ("nodes_checks_world2.log", "nodes_world2.log"):
+    assert [line.split()[:4] for line in out.splitlines()[-4:-1]] == [
+        ["nodes_checks_world2", "0", "2", "0"], ["nodes_world2", "0", "0", "0"], ["nodes_mlp_world2", "0", "0", "0"]]
+    # the stage asks for the pretend topology: TILEDSL_NODES reaches every script
+    for log in ("nodes_checks_world2.log", "nodes_world2.log", "nodes_mlp_world2.log"):
         assert (tmp_path / "out" / log).read_text().startswith("TILEDSL_NODES=2\n")
