@@ -83,3 +83,35 @@ def test_a_program_written_for_nodes_compiles_with_its_signals_gets_and_two_leve
     assert ".extern .func" not in ptx and "nvshmemi_device_state_d" in ptx
     # the calls LLVM keeps out of line (the wait's is inlined into the kernel)
     assert "nvshmemx_signal_op" in ptx and "nvshmemx_getmem_block" in ptx
+
+
+def test_the_separate_entry_of_a_program_written_for_nodes_links_nvshmem_for_sm90(monkeypatch):
+    """Where the kernel is not its own entry (inputs staged, copy-engine chunks), the two-level barrier
+    runs as a kernel of its own: launched with the kernel's NVSHMEM library, it links for sm_90 (without
+    it ptxas finds nvshmemx_signal_op unresolved)."""
+    from types import SimpleNamespace
+
+    from tiledsl.runtime import issue, sync
+    try:
+        libs = nvshmem_device.extern_libs()
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **options: launched.append((grid, args, options))
+    monkeypatch.setattr(sync, "barrier_nodes", Recorder())
+    issuing = issue.Issuing()
+    issuing.module = SimpleNamespace(tds_DISTRIBUTED=True, tds_SPANS_NODES=True)
+    issuing.replay, issuing._epoch_cell, issuing.max_spins = False, "cell", 7
+    call = SimpleNamespace(enter_replay=None, barrier=("bar", "peers", "shmem", 3, 2, 2), diag="diag",
+                           options={"extern_libs": libs, "num_warps": 4})
+    issuing._enter(call)
+    assert launched == [((1,), ("bar", "peers", "shmem", 3, 2, 2, "cell", "diag", 7), {"extern_libs": libs})]
+    monkeypatch.undo()
+    signature = {"bar_ptr": "*i64", "peers_bar": "*i64", "shmem_bar": "*i64", "rank": "i32", "nodes": "i32",
+                 "local_world": "i32", "epoch_cell": "*i32", "diag_ptr": "*i32", "max_spins": "i32"}
+    kernel = triton.compile(ASTSource(fn=sync.barrier_nodes, signature=signature, constexprs={}),
+                            target=GPUTarget("cuda", 90, 32), options=launched[0][2])
+    assert ".extern .func" not in kernel.asm["ptx"] and "nvshmemi_device_state_d" in kernel.asm["ptx"]
