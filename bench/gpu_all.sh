@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
-#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace nodes
+#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace
+#                                        ops (tiledsl.ops checks, teardown) block (ops vs torch, tp_block) nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
 #                                        the two-level programs on GPUs posing as TILEDSL_NODES=2 nodes)
@@ -62,7 +63,14 @@ for stage in $stages; do
         run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
-    trace) run trace_world2 300 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
+    trace) run trace_world2 330 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
+    ops)  # tiledsl.ops on the GPU: every path, dtype and issue-14 shape; user graphs; torch.compile; teardown
+      run ops_checks_world2 400 torchrun --nproc-per-node=2 tests/gpu/ops_checks.py
+      run teardown_world2 300 python3 tests/gpu/teardown_check.py ;;
+    block)  # the tuner's promise against the torch path, and the tensor-parallel decoder layer both ways
+      run ops_world2 300 torchrun --nproc-per-node=2 bench/bench_ops.py
+      run tp_block_8b_world2 300 torchrun --nproc-per-node=2 examples/tp_block.py --size llama3-8b
+      run tp_block_70b_world2 300 torchrun --nproc-per-node=2 examples/tp_block.py --size llama3-70b ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do

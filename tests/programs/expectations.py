@@ -50,6 +50,12 @@ def allreduce_two_shot(X):
     return allreduce(X)
 
 
+def allreduce_out(X):
+    """Out of place: every rank's Y is the sum, X is left as it was."""
+    total = sum(_wide(X))
+    return {"Y": [total.clone() for _ in X]}
+
+
 def ag_gemm(A, B):
     """C = all_gather(A) @ B, with each rank's own B (a column shard of the weight)."""
     gathered = torch.cat(_wide(A))
@@ -114,6 +120,6 @@ def hier_gemm_rs(A, B):
 
 
 EXPECTATIONS = {f.__name__: f for f in (
-    copy, gemm, allgather, reduce_scatter, allreduce, allreduce_two_shot, ag_gemm, ag_gemm_push,
+    copy, gemm, allgather, reduce_scatter, allreduce, allreduce_two_shot, allreduce_out, ag_gemm, ag_gemm_push,
     gemm_rs, gemm_rs_ce, gemm_rs_pull, gemm_rs_push, gemm_ar, allreduce_rmsnorm,
     hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs)}

@@ -48,6 +48,7 @@ INPUTS = {
     "reduce_scatter": lambda w, M, N: {"X": (M, N)},
     "allreduce": lambda w, N: {"X": (N,)},
     "allreduce_two_shot": lambda w, N: {"X": (N,)},
+    "allreduce_out": lambda w, N: {"X": (N,)},
     "ag_gemm": lambda w, M, K, N: {"A": (M // w, K), "B": (K, N)},
     "ag_gemm_push": lambda w, M, K, N: {"A": (M // w, K), "B": (K, N)},
     "gemm_rs": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
@@ -81,6 +82,7 @@ CASES = {
     "reduce_scatter": [Case((2, 3, 4), lambda w: {"M": w * 45, "N": 300})],
     "allreduce": [Case((2, 3, 4), lambda w: {"N": 5000}),
                   Case((2, 3, 4), lambda w: {"N": 1001}, {"BLOCK": 256})],
+    "allreduce_out": [Case((2, 3, 4), lambda w: {"N": 5001}, {"BLOCK": 1024})],
     # N = 20000 at world 4: slices of 8192, the last rank's lies wholly past the end
     "allreduce_two_shot": [Case((2, 3, 4), lambda w: {"N": 20000}),
                            Case((2, 3, 4), lambda w: {"N": 3001}, {"BLOCK": 256})],

@@ -123,7 +123,9 @@ class Program(Issuing):
             elif spec.role == "symm":
                 res[spec.name] = self.heap.alloc(shapes[spec.name], dtype)
             elif spec.role == "local":
-                res[spec.name] = torch.empty(shapes[spec.name], dtype=dtype, device=self.device)
+                # zero at first, then what each call leaves there for the next, like symm tensors (the
+                # reference means the same)
+                res[spec.name] = torch.zeros(shapes[spec.name], dtype=dtype, device=self.device)
         for spec in self.module.tds_FAMILIES:
             if spec.counted:
                 # instances done per first index, zeroed at each call (one per instance is room enough)

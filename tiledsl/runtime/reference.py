@@ -47,13 +47,20 @@ class Reference:
 
     def run(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         """inputs[r]: rank r's caller tensors (in and inout; out ones are ignored). Returns every
-        rank's tensors after one call, in float64."""
+        rank's tensors after one call, in float64. `symm` and `local` tensors start at zero and keep
+        what a call leaves in them for the next, as the program's own buffers do."""
+        kept = getattr(self, "state", None)
         state = []
         for rank in range(self.world):
             tensors = {}
             for name, shape in self.shapes(rank).items():
                 given = inputs[rank].get(name)
-                tensors[name] = given.double().clone() if given is not None else torch.zeros(shape, dtype=torch.float64)
+                if given is not None:
+                    tensors[name] = given.double().clone()
+                elif kept is not None and self.schedule.tensors[name].role in (ir.Role.SYMM, ir.Role.LOCAL):
+                    tensors[name] = kept[rank][name]
+                else:
+                    tensors[name] = torch.zeros(shape, dtype=torch.float64)
             state.append(tensors)
         self.state = state
         # a caller tensor read on a peer (`X@s`) is read from its copy staged at the call's start

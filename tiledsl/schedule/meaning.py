@@ -127,21 +127,30 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
 
 def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
                  nodes: int = 1, sizes: dict[str, int] | None = None) -> dict[str, int] | None:
-    """`default_sizes` with every param that no launch condition constrains moved off the multiples of
-    the consts (p + 1 + n for the n-th such param), so that last tiles are partial and sizes differ
-    from one another: the checker proves the schedule there too. None where nothing can move or the
-    result breaks a condition or the instance bound. `sizes`: default_sizes' answer, if known."""
+    """`default_sizes` with every param moved off the multiples of the consts: a param no launch
+    condition binds by 1 + n (the n-th such param), so that sizes differ from one another; a bound one
+    by the smallest step its conditions allow (N even: N + 2). Last tiles are partial and index maps
+    meet the remainders that multiples hide; the checker proves the schedule there too. None where
+    nothing can move or the result breaks a condition or the instance bound. `sizes`: default_sizes'
+    answer, if known."""
     sizes = sizes or default_sizes(schedule, world, max_instances, nodes)
     bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
-    free = [p for p in schedule.params if p not in bound]
-    if not free:
+    moved, free = dict(sizes), 0
+    for p in schedule.params:
+        if p not in bound:
+            moved[p] = sizes[p] + 1 + free
+            free += 1
+            continue
+        limit = 2 * math.lcm(1, *schedule.consts.values(), world)
+        step = next((d for d in range(1, limit + 1)
+                     if _conditions_hold(schedule, world, {**sizes, p: sizes[p] + d}, nodes)), None)
+        if step is not None:
+            moved[p] = sizes[p] + step
+    if moved == sizes or not _conditions_hold(schedule, world, moved, nodes):
         return None
-    ragged = {**sizes, **{p: sizes[p] + 1 + n for n, p in enumerate(free)}}
-    if not _conditions_hold(schedule, world, ragged, nodes):
-        return None
-    total = sum(math.prod(_extents(schedule, family, world, ragged, rank, nodes))
+    total = sum(math.prod(_extents(schedule, family, world, moved, rank, nodes))
                 for family in schedule.families.values() for rank in range(world))
-    return ragged if total <= max_instances else None
+    return moved if total <= max_instances else None
 
 
 def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> tuple[int, ...]:

@@ -1,0 +1,174 @@
+"""GPU checks of tiledsl.ops under torchrun: what a model calls, on the shapes a model has. Each op in
+bf16 through every path (torch + NCCL, and each library program, forced), in fp16 and fp32 through its
+preferred program, and tuned (the first call measures the paths and keeps the fastest), on the shapes
+issue 14 found broken (M = 4091 * world rows, N = 32001 columns) and others no tile divides; every
+call on fresh random inputs, against float64 results of every rank's inputs gathered through NCCL.
+Then a call recorded in the caller's own CUDA graph and replayed with new inputs, a block of ops under
+torch.compile(fullgraph=True) against eager, and what explain() says. Rank 0 prints one PASS/FAIL line
+a check and the summary line last.
+
+    torchrun --nproc-per-node=2 tests/gpu/ops_checks.py
+"""
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness  # noqa: E402
+from harness import Checks, close, start  # noqa: E402
+
+import tiledsl.ops as ops  # noqa: E402
+from tiledsl.ops.dispatch import OPS  # noqa: E402
+
+CALLS = 3  # calls of each path, each on fresh inputs
+# relative to the largest expected value: bf16/fp16 rounding, TF32 products for fp32 (the programs'
+# tl.dot and torch's matmul at precision "high" alike)
+TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float32: 5e-3}
+EPS = 1e-5
+
+
+def cases(world: int) -> list[tuple[str, str, list[tuple], dict]]:
+    """(label, op, every rank's input shapes, keyword arguments)."""
+    return [
+        ("all_gather_matmul M=4091*world K=1024 N=5120", "all_gather_matmul", [(4091, 1024), (1024, 5120)], {}),
+        ("all_gather_matmul N=32001 (a vocabulary)", "all_gather_matmul", [(512, 4096), (4096, 32001)], {}),
+        ("matmul_reduce_scatter M=4091*world K=1000 N=5120", "matmul_reduce_scatter",
+         [(4091 * world, 1000), (1000, 5120)], {}),
+        ("matmul_all_reduce decode M=7 K=4096 N=4100", "matmul_all_reduce", [(7, 4096), (4096, 4100)], {}),
+        ("all_reduce 1000003 elements", "all_reduce", [(1000003,)], {}),
+        ("all_gather 333x1000", "all_gather", [(333, 1000)], {}),
+        ("reduce_scatter 666x1000", "reduce_scatter", [(333 * world, 1000)], {}),
+        ("all_reduce_rmsnorm 7x8192", "all_reduce_rmsnorm", [(7, 8192), (7, 8192), (8192,)], {"eps": EPS}),
+    ]
+
+
+def call(op: str, tensors: list[torch.Tensor], kwargs: dict, **extra):
+    out = getattr(ops, op)(*tensors, **kwargs, **extra)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def expected(op: str, mine: list[torch.Tensor], kwargs: dict, rank: int, world: int) -> list[torch.Tensor]:
+    """float64 results from every rank's inputs, gathered through NCCL."""
+    def gathered(t):
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t.contiguous())
+        return [p.double() for p in parts]
+
+    if op == "all_gather_matmul":
+        return [torch.cat(gathered(mine[0])) @ mine[1].double()]
+    if op == "matmul_reduce_scatter":
+        products = [a @ b for a, b in zip(gathered(mine[0]), gathered(mine[1]), strict=True)]
+        return [sum(products).chunk(world)[rank]]
+    if op == "matmul_all_reduce":
+        return [sum(a @ b for a, b in zip(gathered(mine[0]), gathered(mine[1]), strict=True))]
+    if op == "all_reduce":
+        return [sum(gathered(mine[0]))]
+    if op == "all_gather":
+        return [torch.cat(gathered(mine[0]))]
+    if op == "reduce_scatter":
+        return [sum(gathered(mine[0])).chunk(world)[rank]]
+    h = sum(gathered(mine[0])) + mine[1].double()
+    return [F.rms_norm(h, (h.shape[-1],), mine[2].double(), eps=kwargs["eps"]), h]
+
+
+def fresh(shapes, dtype) -> list[torch.Tensor]:
+    """New random inputs, scaled so that sums over K stay near 1 (bf16 keeps its relative precision)."""
+    out = []
+    for shape in shapes:
+        t = torch.randn(shape, device=harness.DEVICE, dtype=torch.float32)
+        if len(shape) == 2 and shape[0] >= 256:
+            t /= shape[0] ** 0.5
+        out.append(t.to(dtype))
+    return out
+
+
+def path_check(op, shapes, kwargs, dtype, rank, world, **extra):
+    def run():
+        for _ in range(CALLS):
+            tensors = fresh(shapes, dtype)
+            want = expected(op, tensors, kwargs, rank, world)
+            got = call(op, tensors, kwargs, **extra)
+            for g, w in zip(got, want, strict=True):
+                close(g, w, TOLERANCE[dtype])
+        ops.check()
+    return run
+
+
+def user_graph_check(rank, world):
+    """all_gather_matmul and all_reduce recorded in the caller's CUDA graph after a warm-up call, replayed
+    three times with new inputs copied into the captured tensors."""
+    def run():
+        a, b = fresh([(1024, 4096), (4096, 5120)], torch.bfloat16)
+        x, = fresh([(1 << 20,)], torch.bfloat16)
+        call("all_gather_matmul", [a, b], {}, impl="ag_gemm")  # warm-up: compiles and prepares
+        call("all_reduce", [x], {}, impl="allreduce")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            product, = call("all_gather_matmul", [a, b], {}, impl="ag_gemm")
+            total, = call("all_reduce", [x], {}, impl="allreduce")
+        for _ in range(3):
+            new_a, new_b = fresh([(1024, 4096), (4096, 5120)], torch.bfloat16)
+            new_x, = fresh([(1 << 20,)], torch.bfloat16)
+            a.copy_(new_a), b.copy_(new_b), x.copy_(new_x)
+            product.fill_(float("nan")), total.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ops.check()
+            close(product, expected("all_gather_matmul", [a, b], {}, rank, world)[0], TOLERANCE[torch.bfloat16])
+            close(total, expected("all_reduce", [x], {}, rank, world)[0], TOLERANCE[torch.bfloat16])
+    return run
+
+
+def compiled_block_check():
+    """A block of ops traced whole by torch.compile(fullgraph=True) (inductor), against the same block eager."""
+    def block(a, b, b2, residual, weight):
+        h = ops.all_gather_matmul(a, b)
+        h = ops.matmul_reduce_scatter(F.silu(h), b2)
+        normed, res = ops.all_reduce_rmsnorm(h, residual, weight, eps=EPS)
+        return normed, ops.all_reduce(res)
+
+    def run():
+        a, b, b2, residual, weight = fresh([(1000, 2048), (2048, 4096), (4096, 2048), (1000, 2048), (2048,)],
+                                           torch.bfloat16)
+        compiled = torch.compile(block, fullgraph=True)
+        for _ in range(2):
+            want = block(a, b, b2, residual, weight)
+            got = compiled(a, b, b2, residual, weight)
+            for g, w in zip(got, want, strict=True):
+                close(g, w.float(), TOLERANCE[torch.bfloat16])
+            a, b, b2, residual, weight = fresh([t.shape for t in (a, b, b2, residual, weight)], torch.bfloat16)
+    return run
+
+
+def main() -> int:
+    rank, world, heap = start(seed=23)
+    torch.set_float32_matmul_precision("high")  # TF32, as the programs' tl.dot: the fp32 programs apply
+    ops.configure(progress=False, cache_dir=os.path.join(tempfile.gettempdir(), "tiledsl_ops_checks"))
+    ops.use_heap(heap)
+    checks = Checks()
+    for label, op, shapes, kwargs in cases(world):
+        for name in ("torch", *OPS[op].programs):  # a program by name: its default tunables
+            checks.record(f"{label} bf16 via {name}",
+                          path_check(op, shapes, kwargs, torch.bfloat16, rank, world, impl=name))
+        for dtype in (torch.float16, torch.float32):
+            checks.record(f"{label} {str(dtype)[6:]} via its preferred program",
+                          path_check(op, shapes, kwargs, dtype, rank, world, impl=OPS[op].programs[0]))
+        checks.record(f"{label} bf16 tuned", path_check(op, shapes, kwargs, torch.bfloat16, rank, world, tune=True))
+        if rank == 0:
+            print(f"  {label}: {ops.decision(op)}", flush=True)
+    checks.record("ops recorded in the caller's CUDA graph, replayed with new inputs", user_graph_check(rank, world))
+    checks.record("a block of ops under torch.compile(fullgraph=True) matches eager", compiled_block_check())
+    if rank == 0:
+        print(ops.explain(), flush=True)
+    ops.reset()
+    return checks.finish(heap)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
