@@ -115,11 +115,11 @@ def _program(heap, name: str, consts: list[dict], inputs: list, out_shapes: list
         program = tiledsl.compile(os.fspath(PROGRAMS / f"{name}.tds"), heap, emulated=True,
                                   dtype_override=EMULATED, wait_timeout_s=20.0, **overrides)
         mine, outs = calls[0][heap.rank], shapes[heap.rank]
-        tensors = {n: torch.empty_like(t) for n, t in mine.items()} | {n: torch.empty(s) for n, s in outs.items()}
+        tensors = {n: torch.empty(t.shape) for n, t in mine.items()} | {n: torch.empty(s) for n, s in outs.items()}
         per_call = []
         for call in calls:
             for n, t in call[heap.rank].items():
-                tensors[n].copy_(t)
+                tensors[n].copy_(torch.from_numpy(t))
             for n in outs:
                 tensors[n].fill_(float("nan"))  # an element no tile writes stays NaN
             program(**tensors)
@@ -170,7 +170,11 @@ class Run:
         out_shapes = [[{n: tuple(t.shape) for n, t in mine.items() if n not in calls[0][0]} for mine in want[0]]
                       for calls, want in zip(self.inputs, self.expected, strict=True)]
         outputs = list(self.expected[0][0][0])
-        return self.name, [case.consts for case in self.cases], self.inputs, out_shapes, outputs
+        # inputs as numpy, by value: torch tensors would each take a file descriptor to the ranks, and the
+        # forkserver passes fewer than 256 (every program of a world goes to one set of ranks)
+        inputs = [[[{n: t.numpy() for n, t in mine.items()} for mine in call] for call in calls]
+                  for calls in self.inputs]
+        return self.name, [case.consts for case in self.cases], inputs, out_shapes, outputs
 
 
 def run_together(runs: list[Run]) -> None:
