@@ -311,7 +311,7 @@ def test_every_call_runs_on_fresh_inputs_and_is_checked(monkeypatch):
     path = ROOT / "programs" / "copy.tds"
     schedule = program_schedule(path)
 
-    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s):
+    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s, nodes=None):
         assert len(calls) == 2 and not torch.equal(calls[0][0]["X"], calls[1][0]["X"])  # fresh inputs
         first = [Reference(schedule, world, {"N": 2048}).run(calls[0])[rank] for rank in range(world)]
         return [[{"Y": first[rank]["Y"].float().numpy()}] * 2 for rank in range(world)]
