@@ -110,6 +110,23 @@ def test_small_sizes_keep_two_steps_of_every_index_and_of_the_k_loop():
     assert sizes == {"M": 256, "K": 128, "N": 512}  # mm: 2 x 2 tiles of 128 x 256, 2 k-steps of 64
 
 
+@pytest.mark.parametrize("index", ["((i - 1) / 2) * B + B", "((i - 3) mod (N / B)) * B"])
+def test_a_tile_index_with_a_negative_numerator_floors_in_the_kernel(tmp_path, index):
+    """Issue 16's program: `/` and `mod` of a negative tile index floor in the kernel as they do in the
+    checker and the reference (a tile's index is a plain Python int in the interpreter, whose `//`
+    floors, and an i32 on the GPU, whose `//` truncates: both must floor once)."""
+    (path := tmp_path / "negdiv.tds").write_text(textwrap.dedent(f"""\
+        program negdiv
+        param N
+        const B = 64
+        in  X : f32[N]
+        out Y : f32[N]
+        tile cp[i in N / B]: Y[i*B : +B] = X[{index} : +B]
+        """))
+    (verdict,) = run_emulated(os.fspath(path), 2, sizes={"N": 512})
+    assert verdict.ok, verdict.line()
+
+
 # ---- known limits of the interpreter --------------------------------------------------------------
 
 def test_bf16_runs_as_float32_and_the_verdict_says_so(tmp_path):

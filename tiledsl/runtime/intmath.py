@@ -9,9 +9,14 @@ import triton.language as tl
 @triton.jit
 def floordiv(a, b):
     quotient = a // b
-    # truncation rounded up where the exact quotient is negative and not whole: step down once
-    inexact = (quotient * b != a) & ((a < 0) != (b < 0))
-    return quotient - inexact.to(quotient.dtype)
+    # Whatever `//` did here, the floor leaves a remainder of b's sign (or none). On the GPU `//`
+    # truncates, which leaves a's sign where the quotient is negative and not whole: step down once
+    # there. Triton's interpreter floors scalars that are plain Python ints (a loop's index) and
+    # truncates tensors: the remainder's sign is right for both, where a test of a's sign would
+    # step a floored quotient down a second time.
+    remainder = a - quotient * b
+    wrong = (remainder != 0) & ((remainder < 0) != (b < 0))
+    return quotient - wrong.to(quotient.dtype)
 
 
 @triton.jit
