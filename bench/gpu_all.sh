@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
 #   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace
-#                                        ops (tiledsl.ops checks, teardown) block (ops vs torch, tp_block) nodes
+#                                        ops (tiledsl.ops checks, teardown) block (ops vs torch, tp_block)
+#                                        attention (SP prefill and decode: checks, then benchmarks, at
+#                                        ATTENTION_WORLDS, default 2) nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
 #                                        the two-level programs on GPUs posing as TILEDSL_NODES=2 nodes)
@@ -61,6 +63,11 @@ for stage in $stages; do
       done
       for w in ${COLLECTIVE_WORLDS:-$worlds}; do
         run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
+      done ;;
+    attention)  # sequence-parallel prefill and distributed decode: checks, then benchmarks
+      for w in ${ATTENTION_WORLDS:-2}; do
+        run "attention_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/attention_checks.py
+        run "attention_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_attention.py
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     trace) run trace_world2 330 torchrun --nproc-per-node=2 bench/bench_trace.py ;;

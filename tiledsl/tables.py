@@ -50,6 +50,8 @@ class Function:
     rows: bool = False                # works on whole rows of a 2-D block
     operator: str | None = None       # written as this operator in a program, not by name
     defaults: tuple[str, ...] = ()    # Triton text of arguments a call may leave out, in order
+    reduces: bool = False             # reduces each row of a 2-D block to one value: [m, n] -> [m, 1]
+    identity: float = 0.0             # of a reduction: what a padding element must hold to change nothing
 
 
 FUNCTIONS = {f.name: f for f in (
@@ -71,9 +73,27 @@ FUNCTIONS = {f.name: f for f in (
     Function("sub", (2, 2), "({0} - {1})", torch.sub, operator="-"),
     Function("mul", (2, 2), "({0} * {1})", torch.mul, operator="*"),
     Function("div", (2, 2), "({0} / {1})", torch.div, operator="/"),
+    Function("exp2", (1, 1), "tl.exp2({0})", torch.exp2),
+    Function("log2", (1, 1), "tl.log2({0})", torch.log2),
+    Function("log", (1, 1), "tl.log({0})", torch.log),
+    # where(condition, a, b): a where the condition holds, else b (masks: causal, lengths)
+    Function("where", (3, 3), "tl.where({0}, {1}, {2})", torch.where),
+    # the row statistics of online softmax, each row kept as a column [m, 1] that broadcasts against [m, n]
+    Function("rowmax", (1, 1), "tl.max({0}, axis=1, keep_dims=True)", lambda x: x.amax(-1, keepdim=True),
+             reduces=True, identity=float("-inf")),
+    Function("rowsum", (1, 1), "tl.sum({0}, axis=1, keep_dims=True)", lambda x: x.sum(-1, keepdim=True),
+             reduces=True),
+    Function("lt", (2, 2), "({0} < {1})", torch.lt, operator="<"),
+    Function("le", (2, 2), "({0} <= {1})", torch.le, operator="<="),
+    Function("gt", (2, 2), "({0} > {1})", torch.gt, operator=">"),
+    Function("ge", (2, 2), "({0} >= {1})", torch.ge, operator=">="),
+    Function("eq", (2, 2), "({0} == {1})", torch.eq, operator="=="),
+    Function("ne", (2, 2), "({0} != {1})", torch.ne, operator="!="),
     # rmsnorm(x, weight[, eps]): each row of x over its last dimension, as torch's unfused ops do
     Function("rmsnorm", (2, 3), "({0} * tl.rsqrt(tl.sum({0} * {0}, axis=1) / {row} + {2})[:, None] * {1})",
              _rmsnorm, rows=True, defaults=("1e-6",)),
 )}
 NAMED = {f.name: f for f in FUNCTIONS.values() if f.operator is None}      # written `name(...)`
 BINARY = {f.operator: f.name for f in FUNCTIONS.values() if f.operator and f.arity == (2, 2)}
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")       # their values are booleans
+INTEGER_CLOSED = ("add", "sub", "mul", "neg", "min", "max")  # of integers, an integer

@@ -49,8 +49,30 @@ def _rmsnorm(inputs, args):
     Y.copy_(F.rms_norm(R.float(), (R.shape[-1],), W.float(), eps=1e-6))
 
 
+def _everyone(x):
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return parts
+
+
+def _attention(program, names, **kwargs):
+    """A stand-in from the program's torch expectation (tests/programs/expectations.py) on every rank's
+    inputs, gathered: a formulation of its own, not the check script's reference."""
+    def compute(inputs, args, D=128, CAUSAL=1, **_):
+        sys.path.insert(0, str(HERE.parent / "programs"))
+        from expectations import EXPECTATIONS
+        extra = {"D": D, "causal": bool(CAUSAL)} if program == "sp_ulysses" else {}
+        gathered = {name: _everyone(x) for name, x in zip(names, inputs)}
+        args[len(names)].copy_(EXPECTATIONS[program](**gathered, **extra)["O"][dist.get_rank()])
+    return len(names), compute
+
+
+ATTENTION = ("sp_ag_attention", "sp_ulysses", "flash_decode")
 # program: (how many of its leading arguments it reads, what it writes from them into the arguments)
 STAND_INS = {
+    "sp_ag_attention": _attention("sp_ag_attention", ("Q", "K", "V")),
+    "sp_ulysses": _attention("sp_ulysses", ("X", "WQ", "WK", "WV")),
+    "flash_decode": _attention("flash_decode", ("Q", "K", "V", "Lens")),
     "ag_gemm": (2, lambda i, a: a[2].copy_(_gather(i[0]).float() @ i[1].float())),
     "gemm_rs": (2, lambda i, a: a[2].copy_(_reduce_scatter(i[0].float() @ i[1].float()))),
     "allreduce": (1, lambda i, a: a[0].copy_(_all_reduce(i[0]))),
@@ -68,10 +90,12 @@ class StandIn:
     """A program's result computed by torch; `stale`: from the second call on, computed from the
     previous call's inputs."""
 
-    def __init__(self, name, stale, skip=(), **_):
+    def __init__(self, name, stale, skip=(), **options):
         self.family = next(f for f in sorted(STAND_INS, key=len, reverse=True) if name.startswith(f))
         self.reads, self.compute = STAND_INS[self.family]
         self.stale, self.skip, self.previous = stale, skip, None
+        # what the program is built with (head dim, causal), for the attention stand-ins that depend on it
+        self.consts = {k: v for k, v in options.items() if k.isupper()} if self.family in ATTENTION else {}
 
     def __call__(self, *args, check=True):
         if self.skip:
@@ -79,7 +103,8 @@ class StandIn:
         if self.family == "ag_gemm" and args[0].dtype != torch.bfloat16:
             raise NotImplementedError("a stand-in validates nothing")
         current = [a.clone() for a in args[:self.reads]]
-        self.compute(self.previous if self.stale and self.previous else current, args)
+        inputs = self.previous if self.stale and self.previous else current
+        self.compute(inputs, args, **self.consts) if self.consts else self.compute(inputs, args)
         self.previous = current
 
     def check(self):
@@ -121,7 +146,12 @@ def _script_rank(rank, world, port, script, stale, results):
     module.start = lambda seed: harness.start(seed, backend="gloo")
     module.CALLS = 12  # more than one round of calls back to back
     module.tiledsl = type("tiledsl", (), {"compile": staticmethod(_compile(stale))})
-    if script == "multigpu_checks":
+    if script == "attention_checks":
+        module.D = 16
+        module.zigzag_shapes = lambda world: [(1, 21, 4, 2)]
+        module.ulysses_shapes = lambda world: [(19 * world, 24, 2 * world, world)]
+        module.decode_shapes = lambda world: [(3, 4, 2, 13)]
+    elif script == "multigpu_checks":
         module.gemm_shapes = lambda world: [(64, 32, 48), (24 * world, 40, 40)]
         module.collective_shapes = lambda world: [(4 * world, 16), (7 * world, 10)]
         module.ALLREDUCE_SIZES = (100, 1001)
@@ -155,7 +185,8 @@ def _lines(out, verdict):
             if line.startswith(verdict + " ")]
 
 
-@pytest.mark.parametrize("script", ["multigpu_checks", "collectives_checks", "nodes_checks"])
+@pytest.mark.parametrize("script", ["multigpu_checks", "collectives_checks", "attention_checks",
+                                    "nodes_checks"])
 def test_checks_pass_a_correct_stand_in_and_fail_a_stale_one(script, capfd):
     runtime_only = RUNTIME_ONLY if script == "multigpu_checks" else set()
     rc = 1 if runtime_only else 0
@@ -163,7 +194,7 @@ def test_checks_pass_a_correct_stand_in_and_fail_a_stale_one(script, capfd):
     out = capfd.readouterr().out
     passed, failed = _lines(out, "PASS"), _lines(out, "FAIL")
     named = {name if name in runtime_only else name.rsplit(" M=", 1)[0].rsplit(" N=", 1)[0] for name in failed}
-    assert len(passed) > 20 and named == runtime_only, out
+    assert len(passed) >= (5 if script == "attention_checks" else 20) and named == runtime_only, out
     assert f"{len(passed) + len(failed)} run, {len(failed)} failed" in out.splitlines()
 
     assert _run_script(script, stale=True) == [(0, 1), (1, 1)]

@@ -95,3 +95,14 @@ def test_the_nodes_stage_runs_the_checks_and_the_benchmark_on_gpus_posing_as_two
     # the stage asks for the pretend topology: TILEDSL_NODES reaches every script
     for log in ("nodes_checks_world2.log", "nodes_world2.log", "nodes_mlp_world2.log"):
         assert (tmp_path / "out" / log).read_text().startswith("TILEDSL_NODES=2\n")
+
+
+def test_the_attention_stage_runs_its_checks_then_its_benchmark_at_world_2(tmp_path):
+    outputs = {"attention_checks": "PASS sp_ag_attention\nPASS flash_decode\n2 run, 0 failed\n",
+               "bench_attention": "12 outputs checked against torch, 0 wrong\n"}
+    code, out = gpu_all(tmp_path, ["attention"], outputs)
+    assert code == 0, out
+    assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
+        ["attention_checks_world2", "0", "2", "0"], ["attention_world2", "0", "0", "0"]]
+    code, out = gpu_all(tmp_path, ["attention"], {**outputs, "bench_attention": "FAIL decode B=1 kv=1024\n"})
+    assert code == 1 and "attention_world2: FAIL decode B=1 kv=1024" in out

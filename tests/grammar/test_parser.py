@@ -43,7 +43,8 @@ def test_backslash_continues_a_statement():
 
 
 def test_a_line_break_without_a_backslash_ends_the_statement():
-    diagnostic, _ = first_error(HEAD + "tile mm[i in M]: \n    C[i, :] = A[i, :] @ B\n")
+    # an unindented next line is a statement of its own; an indented one would be the tile's block body
+    diagnostic, _ = first_error(HEAD + "tile mm[i in M]: \nC[i, :] = A[i, :] @ B\n")
     assert diagnostic.message.startswith("the line ends too early")
     assert at(diagnostic) == (6, 18)
 

@@ -119,7 +119,57 @@ def hier_gemm_rs(A, B):
     return gemm_rs(A, B)
 
 
+# ---- attention: torch's scaled_dot_product_attention on the whole sequence --------------------------
+
+def _sdpa(q, k, v, causal: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v per query head, [batch, tokens, heads, D] in and out; query head h
+    reads KV head h // (q heads / KV heads), as enable_gqa does."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         is_causal=causal, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def _zigzag_whole(parts: list[torch.Tensor]) -> torch.Tensor:
+    """[B, 2, P, heads, D] per rank, rank r holding pieces r and 2*world-1-r: [B, 2*world*P, heads, D]."""
+    world = len(parts)
+    pieces = [None] * (2 * world)
+    for rank, part in enumerate(parts):
+        pieces[rank], pieces[2 * world - 1 - rank] = part[:, 0], part[:, 1]
+    return torch.cat(pieces, dim=1)
+
+
+def sp_ag_attention(Q, K, V):
+    """Causal attention over the sequence whose zig-zag pieces the ranks hold; each rank keeps its
+    pieces of the output."""
+    world = len(Q)
+    out = _sdpa(_zigzag_whole(_wide(Q)), _zigzag_whole(_wide(K)), _zigzag_whole(_wide(V)), causal=True)
+    pieces = out.split(Q[0].shape[2], dim=1)
+    return {"O": [torch.stack([pieces[r], pieces[2 * world - 1 - r]], dim=1) for r in range(world)]}
+
+
+def sp_ulysses(X, WQ, WK, WV, D=128, causal=True):
+    """Attention over the whole sequence of every rank's tokens, each rank projecting its own tokens
+    with its own weights; each rank keeps its tokens' outputs, [tokens, H * D]."""
+    q, k, v = (torch.cat([x @ w for x, w in zip(_wide(X), _wide(W), strict=True)]) for W in (WQ, WK, WV))
+    tokens = q.shape[0]
+    q, k, v = (t.reshape(1, tokens, t.shape[1] // D, D) for t in (q, k, v))
+    out = _sdpa(q, k, v, causal).reshape(tokens, -1)
+    return {"O": list(out.split(tokens // len(X)))}
+
+
+def flash_decode(Q, K, V, Lens):
+    """One query token per sequence against the first Lens[b] keys of its cache, which rank r holds
+    positions r*C .. r*C + C-1 of; every rank ends with the output. The query and the lengths are the
+    same on every rank."""
+    assert all(torch.equal(q, Q[0]) for q in Q) and all(torch.equal(n, Lens[0]) for n in Lens)
+    q, k, v = Q[0].double(), torch.cat(_wide(K), dim=1), torch.cat(_wide(V), dim=1)
+    rows = [_sdpa(q[b][None, None], k[b:b + 1, :int(n)], v[b:b + 1, :int(n)], causal=False)[0, 0]
+            for b, n in enumerate(Lens[0])]
+    out = torch.stack(rows)
+    return {"O": [out.clone() for _ in Q]}
+
+
 EXPECTATIONS = {f.__name__: f for f in (
     copy, gemm, allgather, reduce_scatter, allreduce, allreduce_two_shot, allreduce_out, ag_gemm, ag_gemm_push,
-    gemm_rs, gemm_rs_ce, gemm_rs_pull, gemm_rs_push, gemm_ar, allreduce_rmsnorm,
-    hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs)}
+    gemm_rs, gemm_rs_ce, gemm_rs_pull, gemm_rs_push, gemm_ar, allreduce_rmsnorm, sp_ag_attention, sp_ulysses,
+    flash_decode, hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs)}

@@ -68,9 +68,9 @@ def where(source: str, text: str) -> tuple[int, int]:
 def test_every_program_checks_clean_and_fast(path):
     run(path, until="check")  # warm: the grammar is compiled and expressions are cached once per process
     source = path.read_text()
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other work on busy cores does not count against the checker
     done = run(source, until="check", path=str(path))
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
     assert done.warnings == []
 
 
@@ -128,6 +128,12 @@ EDGE_RACES = {
         ("race: chunk 'send' reads S while tile 'part' may still write it", "S[m, :, :] ->"),
     ("hier_gemm_rs", "red[i, j] after send"):
         ("race: tile 'red' reads R while chunk 'send' may still write it", "R[s, "),
+    ("flash_decode", "comb[b, g] after part"):
+        ("race: tile 'comb' reads Part while tile 'part' may still write it", "Part@s["),
+    ("sp_ulysses", "attn[h, qs, i] after pq"):
+        ("race: tile 'attn' reads Qh while tile 'pq' may still write it", "Qh[qs, i*BM"),
+    ("sp_ulysses", "fin[i, j] after attn"):
+        ("race: tile 'fin' reads Os while tile 'attn' may still write it", "Os[i*BM : +BM, j*D"),
 }
 EDGES = [(path, line) for path in PROGRAMS for line in path.read_text().splitlines()
          if re.match(r"\w+\[[^]]*\] after ", line)]

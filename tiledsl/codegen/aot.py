@@ -44,14 +44,19 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
            **{p: 4096 for p in module.tds_PARAMS}, **(sizes or {})}
     blocks = module.tds_blocks(env)
     tensors = {t.name for t in module.tds_TENSORS}
-    signature, constexprs = {}, {}
-    for arg in module.tds_ARGS:
+    # What the JIT assumes on a GPU: torch's allocations are 16-byte aligned, and an integer argument
+    # that 16 divides is marked so (rank and the spin bound are never specialised). Without it the
+    # compiled loads are not vectorised, nor software-pipelined, as they are at run time.
+    aligned = [["tt.divisibility", 16]]
+    signature, constexprs, attrs = {}, {}, {}
+    for position, arg in enumerate(module.tds_ARGS):
         if arg.kind is Kind.DESCRIPTOR:
             element = DTYPES[dtype or arg.dtype].signature
             signature[arg.name] = f"tensordesc<{element}[{','.join(map(str, arg.block))}]>"
         elif arg.dtype is not None:  # a pointer
             own = dtype if dtype is not None and arg.kind is Kind.TENSOR and arg.of in tensors else arg.dtype
             signature[arg.name] = "*" + DTYPES[own].signature
+            attrs[(position,)] = aligned
         elif arg.kind is Kind.CONST:
             constexprs[arg.name] = module.tds_CONSTS[arg.name]
         elif arg.kind is Kind.BLOCK:
@@ -62,13 +67,15 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
                                     "PROGRAMS": 132}[role]
         else:
             signature[arg.name] = "i32"
+            if arg.kind is Kind.SIZE and arg.name not in ("rank",) and env.get(arg.name, 1) % 16 == 0:
+                attrs[(position,)] = aligned
     for name in constexprs:
         signature[name] = "constexpr"
     options = kernel_options(module)
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())
-    source = ASTSource(fn=module.tds_kernel, signature=signature, constexprs=constexprs)
+    source = ASTSource(fn=module.tds_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch_number(arch), 32), options=options)
 
 

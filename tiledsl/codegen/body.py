@@ -48,14 +48,18 @@ class Place:
     owner: sympy.Expr | None
     dims: tuple[Dim, ...]
     axes: int  # axes of the block it sits in: its own axes are the trailing ones
+    # the aranges its axes run along (Arange names): a block tile's values have shapes of their own,
+    # so each place names its own; None: the tile's one block (render.AXES)
+    names: tuple[str, ...] | None = None
 
 
 # ---- statements ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Scalar:
-    """A number, or a size expression, as a float32 operand."""
+    """A number, or a size expression, as a float32 operand (`integer`: as the integer it is)."""
     value: float | sympy.Expr
+    integer: bool = False
 
 
 Operand = Union[str, Scalar]  # a block named by an earlier statement, or a scalar
@@ -65,6 +69,7 @@ Operand = Union[str, Scalar]  # a block named by an earlier statement, or a scal
 class Load:
     name: str
     place: Place   # elements outside the masks read as 0
+    native: bool = False  # in the tensor's own dtype (a matrix product's operand, an integer), not float32
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class Zeros:
 class Accumulate:
     name: str
     term: Operand
+    op: str = "sum"  # or "max"
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,62 @@ class Loop:
     var: sympy.Symbol
     extent: sympy.Expr
     body: tuple["Statement", ...]
+    # a loop whose steps wait is not software-pipelined (1 stage): the pipeliner would issue a step's
+    # loads in the step before, ahead of that step's wait (as flattening did with TMA loads on H200)
+    stages: int | None = None
+
+
+@dataclass(frozen=True)
+class Arange:
+    """`name` = 0 .. block-1 along axis `axis` of a block of `rank` axes (expanded to broadcast)."""
+    name: str
+    block: int | str
+    axis: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class Assign:
+    """`name = value`: a block named in the program's tile bound to another, or to a scalar."""
+    name: str
+    value: Operand
+
+
+@dataclass(frozen=True)
+class Full:
+    """A float32 block of these blocks, every element `value` (a carried value's start)."""
+    name: str
+    blocks: tuple[int | str, ...]
+    value: Operand
+
+
+@dataclass(frozen=True)
+class Trans:
+    name: str
+    arg: Operand
+
+
+@dataclass(frozen=True)
+class Dot:
+    """name = left @ right with tl.dot, accumulated in float32. Each operand is converted to the
+    element type of tensor `like` where it is a computed block (a float32 rounded to bf16 by the
+    program, say), so that both have one type: on a GPU the tensor's own, emulated its float32."""
+    name: str
+    left: Operand
+    right: Operand
+    convert_left: str | None = None    # a tensor whose element type the left operand is converted to
+    convert_right: str | None = None
+
+
+@dataclass(frozen=True)
+class Mask:
+    """name = arg where `along` < bound, else `fill`: a block's padding (its block is larger than its
+    size) made harmless before a reduction or a product sums across it."""
+    name: str
+    arg: Operand
+    along: str
+    bound: sympy.Expr
+    fill: float
 
 
 @dataclass(frozen=True)
@@ -217,7 +279,7 @@ class Get:
 
 
 Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
-                  Copy, Put, Get]
+                  Copy, Put, Get, Arange, Assign, Full, Trans, Dot, Mask]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------
@@ -228,11 +290,17 @@ class TileBody:
     product: Product | None                      # the family's one matrix product, if it has one
     tma_target: str | None                        # the tensor a TmaStore writes
     blocks: tuple[tuple[str, sympy.Expr], ...]   # launch-time constexpr blocks: name, the size it covers
+    head: tuple[Statement, ...] = ()             # what every instance shares (aranges): once, before them
 
 
 def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],
-              kernel: Callable[[sympy.Expr], sympy.Expr]) -> TileBody:
-    """The statements of one tile instance; `kernel` rewrites an expression for the kernel (let names)."""
+              kernel: Callable[[sympy.Expr], sympy.Expr], step_waits: tuple = ()) -> TileBody:
+    """The statements of one tile instance; `kernel` rewrites an expression for the kernel (let names).
+    A tile written as a block (names, a loop, blocks of several shapes) has a lowering of its own, which
+    puts `step_waits` at the top of each step of its loop."""
+    from tiledsl.codegen.blocks import exotic, lower_block
+    if family.body or any(exotic(s.value) for s in family.stores):
+        return lower_block(schedule, family, consts, kernel, step_waits)
     return _Tile(schedule, family, consts, kernel).lower()
 
 

@@ -38,7 +38,7 @@ def _family(f, arguments) -> list[str]:
         for w in f.host.waits:
             out.append(f"  stream waits (edge {w.edge}): count_{w.producer}[{w.row}] reaches {w.count}")
         out.append(f"  copy {_region(f.host.source)} -> {_region(f.host.target)}")
-    out += ["  " + line for line in _statements(f.body)]
+    out += ["  " + line for line in _statements(f.head + f.body)]
     if f.notify is not None and f.puts:
         out.append(f"  signal with the put: sig_{f.name}[{f.notify.slot}] on the rank it writes")
     elif f.notify is not None:
@@ -85,7 +85,7 @@ def _statements(statements, depth: int = 0) -> list[str]:
         elif isinstance(s, body.Accumulate):
             out.append(f"{pad}{s.name} += {_operand(s.term)}")
         elif isinstance(s, body.Loop):
-            out.append(f"{pad}for {s.var} < {s.extent}:")
+            out.append(f"{pad}for {s.var} < {s.extent}:" + (" (not pipelined: its steps wait)" if s.stages else ""))
             out += _statements(s.body, depth + 1)
         elif isinstance(s, body.Product):
             out.append(f"{pad}{s.name} = {s.left}[{s.row} : +{s.block_m}, :] @ {s.right}[:, {s.col} : +{s.block_n}] "
@@ -110,6 +110,20 @@ def _statements(statements, depth: int = 0) -> list[str]:
         elif isinstance(s, body.Get):
             out.append(f"{pad}nvshmem get {s.source}@({s.owner})[{s.source_start}:] -> {s.target}[{s.target_start}:] "
                        f"({s.rows} rows x {s.cols})")
+        elif isinstance(s, body.Arange):
+            out.append(f"{pad}{s.name} = 0 .. {s.block} along axis {s.axis} of {s.rank}")
+        elif isinstance(s, body.Assign):
+            out.append(f"{pad}{s.name} = {_operand(s.value)}")
+        elif isinstance(s, body.Full):
+            out.append(f"{pad}{s.name} = full[{', '.join(map(str, s.blocks))}] of {_operand(s.value)}")
+        elif isinstance(s, body.Trans):
+            out.append(f"{pad}{s.name} = {_operand(s.arg)}.T")
+        elif isinstance(s, body.Dot):
+            out.append(f"{pad}{s.name} = {_operand(s.left)} @ {_operand(s.right)} (tl.dot"
+                       + (f", computed operands as {s.convert_left or s.convert_right}'s type"
+                          if s.convert_left or s.convert_right else "") + ")")
+        elif isinstance(s, body.Mask):
+            out.append(f"{pad}{s.name} = {_operand(s.arg)} where {s.along} < {s.bound}, else {s.fill}")
         elif isinstance(s, body.Put):
             source = s.source + ("" if s.source_owner is None else f"@({s.source_owner})")
             out.append(f"{pad}nvshmem put {source}[{s.source_start}:] -> {s.target}@({s.owner})[{s.target_start}:] "

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import Copy, Get, Load, Loop, Place, Product, Put, Record, Store, TmaStore, Zeros
+from tiledsl.codegen.body import (Arange, Copy, Dot, Full, Get, Load, Loop, Place, Product, Put, Record, Store,
+                                  TmaStore, Zeros)
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -122,9 +123,11 @@ def _exprs(value):
 
 def symbols_of(family) -> set[sympy.Symbol]:
     """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
+    from tiledsl.codegen.body import Assign
     parts = (family.indices, family.body, family.notify, family.count_row)
     found = set().union(*(e.free_symbols for e in _exprs(parts)))
-    return found - _local_symbols(family)
+    named = {s.name for s in walk(family.body) if isinstance(s, Assign)}  # a tile's own size names
+    return {s for s in found - _local_symbols(family) if s.name not in named}
 
 
 def _needs(family, plan) -> set[str]:
@@ -136,7 +139,7 @@ def _needs(family, plan) -> set[str]:
             names.add(f"tds_peers_{p.tensor}")
         names.update(d.block for d in p.dims if isinstance(d.block, str))
 
-    for s in walk(family.body):
+    for s in walk(family.head + family.body):
         if isinstance(s, (Load, Store)):
             place(s.place)
         elif isinstance(s, Copy):
@@ -155,8 +158,12 @@ def _needs(family, plan) -> set[str]:
                 names.add(s.block_k)
         elif isinstance(s, TmaStore):
             names.update({f"tds_desc_{family.name}_c", s.tensor})
-        elif isinstance(s, Zeros):
+        elif isinstance(s, (Zeros, Full)):
             names.update(b for b in s.blocks if isinstance(b, str))
+        elif isinstance(s, Arange) and isinstance(s.block, str):
+            names.add(s.block)
+        elif isinstance(s, Dot):
+            names.update(t for t in (s.convert_left, s.convert_right) if t is not None)
         elif isinstance(s, Record):
             names.update({f"tds_trace_{family.name}", "tds_TRACE"})
     if family.waits:

@@ -88,6 +88,7 @@ class Family:
     product: Product | None
     tma_target: str | None
     blocks: tuple[tuple[str, sympy.Expr], ...] = ()      # launch-time constexpr blocks and the sizes they cover
+    head: tuple[Statement, ...] = ()                     # once per program, before its instances (aranges)
     lets: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()  # let names its kernel code uses, in order
 
     @property
@@ -261,12 +262,17 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
     product = tma_target = None
     body: tuple = ()
     blocks: tuple = ()
+    head: tuple = ()
+    every = tuple(_waits(schedule, family, kernel, reach)) if on_sms else ()
+    # a `wait` in the tile's loop waits at the top of each step; the family's edges before it starts
+    waits = tuple(w for w in every if schedule.edges[w.edge].loop is None)
+    step_waits = tuple(w for w in every if schedule.edges[w.edge].loop is not None)
     if family.kind is ir.Kind.TILE:
-        tile = tile_body(schedule, family, consts, kernel)
+        tile = tile_body(schedule, family, consts, kernel, step_waits)
         body, product, tma_target, blocks = tile.statements, tile.product, tile.tma_target, tile.blocks
+        head = tile.head
     elif on_sms:
         body = (chunk_body(schedule, family, kernel),)
-    waits = tuple(_waits(schedule, family, kernel, reach)) if on_sms else ()
     # a product's TMA loads read what its waits acquired, through another proxy: a fence between them
     body = waits + ((Fence(),) if waits and product is not None else ()) + body
     if on_sms:  # timeline stamps, compiled out unless traced
@@ -283,9 +289,10 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
         indices=tuple((s, kernel(e)) for s, e in family.indices),
         host_extents=tuple(e for _, e in family.indices), split=family.split,
         programs=family.engine.count(consts),
-        order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, body=body, notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
+        order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, body=body,
+        notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
         host=None if on_sms else _host_copy(schedule, family), product=product, tma_target=tma_target,
-        blocks=blocks)
+        blocks=blocks, head=head)
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
 
 

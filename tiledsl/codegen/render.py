@@ -29,6 +29,7 @@ def _environment() -> jinja2.Environment:
                              keep_trailing_newline=True)
     # repr() quotes every user-derived string, so a path or message can never become code
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
+                       dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, plus=plus, slot=slot_code, comment=comment, string=string)
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
@@ -78,7 +79,7 @@ def slot_code(expr, family) -> str:
 
 def axes_of(family) -> list[tuple[str, str]]:
     """(name, arange) of the block axes a tile's loads and stores use: hoisted out of the instance loop."""
-    places = [s.place for s in body_walk(family.body) if isinstance(s, (body.Load, body.Store))]
+    places = [s.place for s in body_walk(family.body) if isinstance(s, (body.Load, body.Store)) and s.place.names is None]
     if not places:
         return []
     count = places[0].axes
@@ -101,7 +102,7 @@ def body_walk(statements):
 def offset(place: body.Place, axis_names=None) -> str:
     """The element offset of a place's block from its base, dimension by dimension: the start (plus
     the block's arange along its axis) times the stride."""
-    axis_names = axis_names or AXES[place.axes]
+    axis_names = axis_names or (place.names if place.names is not None else AXES[place.axes])
     terms = []
     for dim in place.dims:
         if dim.axis is None:
@@ -119,7 +120,7 @@ def mask(places, axis_names=None) -> str:
     """Which elements of the block exist: inside the tensor(s), and inside the region where the block is
     larger than it."""
     places = places if isinstance(places, (list, tuple)) else [places]
-    axis_names = axis_names or AXES[places[0].axes]
+    axis_names = axis_names or (places[0].names if places[0].names is not None else AXES[places[0].axes])
     parts = []
     for dim in (d for place in places for d in place.dims):
         if dim.axis is None:
@@ -147,9 +148,24 @@ def base(place_or_tensor, owner=None) -> str:
 def operand(value) -> str:
     if isinstance(value, body.Scalar):
         if isinstance(value.value, (int, float)):
-            return repr(float(value.value))
+            number = float(value.value)
+            return f'float("{number}")' if number in (float("inf"), float("-inf")) else repr(number)
+        if value.integer:
+            return f"({kernel_code(value.value)})"
         return f"({kernel_code(value.value)}).to(tl.float32)"
     return value
+
+
+def dot_operand(value, like) -> str:
+    """An operand of tl.dot, converted to the element type of tensor `like` where that is given."""
+    text = operand(value)
+    return text if like is None else f"{text}.to({like}.dtype.element_ty)"
+
+
+def expand(statement: body.Arange) -> str:
+    if statement.rank < 2:
+        return ""
+    return "[:, None]" if statement.axis == 0 else "[None, :]"
 
 
 def apply(statement: body.Apply) -> str:

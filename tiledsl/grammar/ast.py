@@ -94,14 +94,31 @@ class Subscript:
 
 @dataclass(frozen=True)
 class RankSum:
-    """`sum(body for var in extent)`: a reduction over ranks (or any small index range)."""
+    """`sum(body for var in extent)`, `max(...)`: a reduction over ranks (or any small index range)."""
     body: "Expr"
     var: Name
     extent: "Expr"
     span: Span = field(compare=False)
+    op: str = "sum"  # sum or max
 
 
-Expr = Union[Num, Name, BinOp, Neg, Call, Peer, Subscript, RankSum]
+@dataclass(frozen=True)
+class Compare:
+    """`a <= b` as a function's argument: a block of booleans (`where(k <= q, s, -inf)`)."""
+    op: str  # < <= > >= == !=
+    left: "Expr"
+    right: "Expr"
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """`x.T`: a 2-D block with its axes swapped."""
+    operand: "Expr"
+    span: Span = field(compare=False)
+
+
+Expr = Union[Num, Name, BinOp, Neg, Call, Peer, Subscript, RankSum, Compare, Transpose]
 
 
 # ---- declarations ------------------------------------------------------------------------------
@@ -188,11 +205,31 @@ class Assign:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """`wait gather[c]` in a loop of a tile's body: each step waits for what its deps name, then runs."""
+    deps: tuple["Dep", ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class For:
+    """`for c in n:` and its block: n steps; a name bound before the loop and rebound in it is carried
+    from each step to the next, and holds its last value after the loop."""
+    var: Name
+    extent: Expr
+    body: tuple["Statement", ...]
+    span: Span = field(compare=False)
+
+
+Statement = Union[Assign, Wait, For]
+
+
+@dataclass(frozen=True)
 class TileDecl:
     name: Name
     indices: tuple[IndexVar, ...]
     engine: Engine | None
-    body: tuple[Assign, ...]
+    body: tuple[Statement, ...]  # an inline body holds assignments only
     span: Span = field(compare=False)
 
 

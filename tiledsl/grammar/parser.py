@@ -39,6 +39,8 @@ def parse(source: str | bytes, path: str = "<tds>") -> ast.Program:
         tree = _lark().parse(text)
     except lark.exceptions.UnexpectedInput as exc:
         raise TdsError([_syntax_error(exc, text)], path, text) from None
+    except TdsError as exc:  # the postlexer's: an indentation that matches no block
+        raise TdsError(exc.diagnostics, path, text) from None
     builder = _Builder(path, text)
     try:
         program = builder.transform(tree)
@@ -61,7 +63,7 @@ def _tok_span(token: Token) -> ast.Span:
 
 # built-in names of the language, and the Python built-ins that generated code calls
 RESERVED = {"rank", "world", "node", "nodes", "local_rank", "local_world", "rest", "every", "sum", "cdiv", "min", "max",
-            "range", "sorted"}
+            "range", "sorted", "wait", "inf", "float"}
 
 
 def check_identifier(token: Token) -> None:
@@ -153,7 +155,19 @@ class _Builder(Transformer):
 
     def tile_decl(self, meta, children):
         name, indices, engine, *body = children
+        if len(body) == 1 and isinstance(body[0], _Block):
+            body = body[0].statements
         return ast.TileDecl(self._name(name, True), indices, engine, tuple(body), _span(meta))
+
+    def block(self, meta, statements):
+        return _Block(tuple(statements))
+
+    def for_stmt(self, meta, children):
+        var, extent, block = children
+        return ast.For(self._name(var, True), extent, block.statements, _span(meta))
+
+    def wait_stmt(self, meta, deps):
+        return ast.Wait(tuple(deps), _span(meta))
 
     def index_list(self, meta, children):
         return tuple(children)
@@ -235,7 +249,8 @@ class _Builder(Transformer):
             value = float(text) if any(c in text for c in ".eE") else int(text)
         except ValueError:  # more digits than int() accepts
             value = float("inf")
-        if not -2**63 <= value < 2**63:
+        # sizes are 64-bit integers; a value (a tile's -1e30) may be any finite float
+        if isinstance(value, int) and not -2**63 <= value < 2**63 or value in (float("inf"), -float("inf")):
             raise TdsError([error(f"number {text[:20]}{'...' if len(text) > 20 else ''} is too large "
                                   "(numbers fit in 64 bits)", _span(meta))])
         return ast.Num(value, _span(meta))
@@ -250,6 +265,19 @@ class _Builder(Transformer):
     def rank_sum(self, meta, children):
         body, var, extent = children
         return ast.RankSum(body, self._name(var, True), extent, _span(meta))
+
+    def reduction(self, meta, children):
+        func, body, var, extent = children
+        if str(func) not in REDUCTIONS:
+            raise TdsError([error(f"'{func}(... for ...)' is no reduction; reductions: {', '.join(REDUCTIONS)}",
+                                  _tok_span(func))])
+        return ast.RankSum(body, self._name(var, True), extent, _span(meta), op=str(func))
+
+    def compare(self, meta, children):
+        return ast.Compare(str(children[1]), children[0], children[2], _span(meta))
+
+    def transpose(self, meta, children):
+        return ast.Transpose(children[0], _span(meta))
 
     def subscript(self, meta, children):
         return ast.Subscript(children[0], tuple(children[1:]), _span(meta))
@@ -278,6 +306,16 @@ class _Builder(Transformer):
         for decl in program.decls:
             decls.extend(decl.items if isinstance(decl, _Many) else [decl])
         return ast.Program(program.name, tuple(decls), program.path, program.source, program.span)
+
+
+REDUCTIONS = ("sum", "max")
+
+
+class _Block:
+    """An indented block's statements, flattened into the tile or loop that owns it."""
+
+    def __init__(self, statements):
+        self.statements = statements
 
 
 class _Many:

@@ -27,13 +27,16 @@ TERMINAL_NAMES = {
     "COLON": "':'", "COMMA": "','", "LSQB": "'['", "RSQB": "']'", "LPAR": "'('", "RPAR": "')'",
     "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "PERCENT": "'%'",
     "SEMICOLON": "';'", "_ARROW": "'->'", "COMPARE": "a comparison (== != <= >= < >)", "$END": "end of file",
+    "_INDENT": "an indented block", "_DEDENT": "the end of the block",
 }
 
 
 @functools.lru_cache(maxsize=1)
 def _lark() -> Lark:
+    from tiledsl.grammar.indentation import BlockIndenter
     grammar = (Path(__file__).parent / "tiledsl.lark").read_text()
-    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True,
+                postlex=BlockIndenter())
 
 
 def _decode(source: str | bytes, path: str) -> str:
@@ -121,15 +124,37 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
     if isinstance(exc, lark.exceptions.UnexpectedCharacters):
         return _unexpected_character(text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else "?", span)
     token: Token = exc.token
-    expected = sorted(getattr(exc, "expected", ()) or ())
+    expected = _expected_terminals(exc)
     span = ast.Span(line, col, line, col + max(1, len(str(token))))
     first, first_line, first_col = _statement_word(lines, line)
+    if "_INDENT" in expected:  # `tile t[...]:` and no body, on this line or indented below it
+        where = _end_of_code_before(lines, line)
+        what = "a `for` loop's" if lines[where[0] - 1].lstrip().startswith("for ") else "the tile's"
+        return error(f"the line ends too early: {what} body goes after ':' or on the indented lines below it",
+                     ast.Span(*where, where[0], where[1] + 1))
+    if token.type == "_INDENT":
+        return error("this line is indented, but the line before it opens no block", span,
+                     hint="only a tile's body (after `tile ...:`) and a loop's (after `for ...:`) are indented")
+    if token.type == "_DEDENT":
+        return error("the block ends here, in the middle of a statement", span)
     if "PROGRAM" in expected:
         guess = [] if first in STATEMENTS or len(first or "") > MAX_NAME else \
             difflib.get_close_matches(first or "", ["program"], n=1)
         return error("a .tds file starts with `program NAME`", span,
                      hint="did you mean 'program'?" if guess else "program my_kernel")
-    if first and first not in STATEMENTS and first != "program":
+    in_block = _in_block(lines, first_line)
+    if in_block and token.type == "NAME" and first and first not in ("for", "wait") and \
+            lines[first_line - 1][first_col - 1 + len(first):col - 1].strip() == "":
+        # two words in a row at the start of a block's statement: the first is no statement
+        word_span = ast.Span(first_line, first_col, first_line, first_col + len(first))
+        if first in STATEMENTS:
+            return error(f"'{first}' is a declaration, not a statement of a tile's block: write it unindented, "
+                         "after the block", word_span)
+        guess = difflib.get_close_matches(first, ["wait", "for"], n=1) if len(first) <= MAX_NAME else []
+        return error(f"unknown statement '{first[:40]}' in a tile's block", word_span,
+                     hint=f"did you mean '{guess[0]}'?" if guess else
+                     "a block's statements are `name = value`, `X[...] = value`, `wait ...` and `for c in n:`")
+    if first and first not in STATEMENTS and first != "program" and not in_block:
         # Only an edge starts with a name that is no statement word, and an edge's name is followed by '['.
         after_word = lines[first_line - 1][first_col - 1 + len(first):].lstrip(" \t\f")
         if not after_word.startswith("[") or (first_line, first_col) == (line, col):
@@ -186,6 +211,40 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
         guess = difflib.get_close_matches(f"'{token}'", words, n=1) if len(token) <= MAX_NAME else []
         hint = f"did you mean {guess[0]}?" if guess else None
     return error(f"unexpected {_describe(token)}: expected {_expected(expected)}", span, hint=hint)
+
+
+def _expected_terminals(exc) -> list[str]:
+    """What the parser could take where it failed. The contextual lexer's own error lists what it could
+    lex there, which the postlexer widens with the line end: the parse table says what is grammatical."""
+    state = getattr(exc, "state", None)
+    try:
+        return sorted(t for t in state.parse_conf.parse_table.states[state.position] if t.isupper())
+    except (AttributeError, KeyError, TypeError):
+        return sorted(getattr(exc, "expected", ()) or ())
+
+
+def _in_block(lines: list[str], line: int) -> bool:
+    """Whether `line` is a statement of a tile's (or loop's) block: the nearest line of code above it
+    that is indented less ends with ':'."""
+    def indent(text: str) -> int:
+        return len(text) - len(text.lstrip(" \t\f"))
+    own = indent(lines[line - 1])
+    if own == 0:
+        return False
+    for number in range(line - 1, 0, -1):
+        code = lines[number - 1].split("#", 1)[0].rstrip()
+        if code.strip() and indent(code) < own:
+            return code.endswith(":")
+    return False
+
+
+def _end_of_code_before(lines: list[str], line: int) -> tuple[int, int]:
+    """Where the last line of code before `line` ends (its line end's column), skipping blank lines and
+    comment lines."""
+    for number in range(line - 1, 0, -1):
+        if lines[number - 1].split("#", 1)[0].strip():
+            return number, len(lines[number - 1].rstrip("\r")) + 1
+    return max(1, line - 1), 1
 
 
 def _end_of_file(text: str) -> Diagnostic:

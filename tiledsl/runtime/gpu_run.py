@@ -35,7 +35,7 @@ def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Ver
         # one for every call: symm and local tensors persist
         reference = Reference(schedule, world, sizes, nodes=nodes)
         for call in range(calls):  # fresh inputs every call, in the same tensors, every call checked
-            inputs = make_inputs(schedule, world, sizes, seed + 1000 * call, {}, nodes)
+            inputs = make_inputs(schedule, world, sizes, seed + 1000 * call, {}, nodes=nodes)
             expected = reference.run(inputs)
             for spec in program.callers:
                 if spec.role == "out":  # poisoned: an element never written shows up as NaN

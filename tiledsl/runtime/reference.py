@@ -67,11 +67,16 @@ class Reference:
         staged = self.schedule.staged_inputs()
         self.staged = [{n: tensors[n].clone() for n in staged} for tensors in state]
         concrete = instantiate(self.schedule, self.world, self.sizes, self.nodes)
-        for position in concrete.runnable():
+        self.names: dict[int, dict] = {}  # an instance with a block: its names, from node to node
+        for node in concrete.runnable():
+            position, step = concrete.instance_of(node)
             instance = concrete.instances[position]
             family = self.schedule.families[instance.family]
             env = {**self.rank_env(instance.rank), **dict(zip(family.index_names, instance.index))}
-            self.run_instance(family, env, instance.rank)
+            if family.body:
+                self.run_part(family, env, instance.rank, position, step)
+            else:
+                self.run_instance(family, env, instance.rank)
         return state
 
     def view(self, region: ir.Region, env: dict, rank: int, pad: bool = False) -> torch.Tensor:
@@ -108,30 +113,74 @@ class Reference:
             target[common].copy_(target[common] + value if family.reduce else value)
             return
         for store in family.stores:
-            target = self.view(store.target, env, rank)
-            value = self.value(store.value, env, rank)
-            declared = self.schedule.tensors[store.target.tensor].dtype
-            dtype = getattr(torch, self.dtype_map.get(declared, declared))
-            value = value.to(dtype).double() if dtype.is_floating_point else value
-            if value.dim() == 0:
-                value = value.expand(target.shape)
-            target.copy_(value[tuple(slice(0, n) for n in target.shape)])
+            self.store(store, env, rank)
 
-    def value(self, value: ir.Value, env: dict, rank: int) -> torch.Tensor:
+    def store(self, store: ir.Store, env: dict, rank: int, names: dict | None = None) -> None:
+        target = self.view(store.target, env, rank)
+        value = self.value(store.value, env, rank, names)
+        declared = self.schedule.tensors[store.target.tensor].dtype
+        dtype = getattr(torch, self.dtype_map.get(declared, declared))
+        value = value.to(dtype).double() if dtype.is_floating_point else value
+        if value.dim() == 0:
+            value = value.expand(target.shape)
+        else:  # [BM, 1] into a region of shape [BM]: the region's written size, then clipped as it is
+            sizes = [evaluate(d.size, env) for d in store.target.dims if d.kept]
+            value = value.reshape(sizes)
+        target.copy_(value[tuple(slice(0, n) for n in target.shape)])
+
+    def run_part(self, family: ir.Family, env: dict, rank: int, position: int, step: int | None) -> None:
+        """One node of a tile written as a block (meaning.py): before its loop (step -1), one step of
+        the loop, or after it (step None; the whole block where there is no loop)."""
+        names = self.names.setdefault(position, {})
+        sizes = names.setdefault(None, {})  # the tile's size names bound so far (before its loop)
+        loop = family.loop
+        at = family.body.index(loop) if loop is not None else len(family.body)
+        if step is not None and step >= 0:
+            self.statements(loop.body, {**env, **sizes, loop.var.name: step}, rank, names)
+            return
+        part = family.body[:at] if step == -1 else family.body if loop is None else family.body[at + 1:]
+        env = {**env, **sizes}
+        self.statements(part, env, rank, names)
+        sizes.update({k: v for k, v in env.items() if k not in self.env and k not in ("rank", *family.index_names)})
+        if step is None:
+            del self.names[position]
+
+    def statements(self, statements, env: dict, rank: int, names: dict) -> None:
+        """In order; a size name updates `env` (in place) for what follows."""
+        for statement in statements:
+            if isinstance(statement, ir.Loop):  # a loop inside a step: every value, here
+                for value in range(evaluate(statement.extent, env)):
+                    self.statements(statement.body, {**env, statement.var.name: value}, rank, names)
+            elif isinstance(statement, ir.SizeLet):
+                env[statement.symbol.name] = evaluate(statement.value, env)
+            elif isinstance(statement, ir.Let):
+                names[statement.name] = self.value(statement.value, env, rank, names)
+            elif isinstance(statement, ir.Store):
+                self.store(statement, env, rank, names)
+
+    def value(self, value: ir.Value, env: dict, rank: int, names: dict | None = None) -> torch.Tensor:
         if isinstance(value, ir.Scalar):
             number = value.value if isinstance(value.value, (int, float)) else evaluate(value.value, env)
             return torch.tensor(float(number), dtype=torch.float64)
         if isinstance(value, ir.Load):
             return self.view(value.region, env, rank, pad=True)  # past the end reads as 0, as in the kernel
+        if isinstance(value, ir.Local):
+            return names[value.name]
+        if isinstance(value, ir.Iota):
+            size = evaluate(value.size, env)
+            return torch.arange(size, dtype=torch.float64).reshape((size, 1) if value.axis == 0 else (1, size))
+        if isinstance(value, ir.Transpose):
+            return self.value(value.value, env, rank, names).transpose(0, 1)
         if isinstance(value, ir.MatMul):
-            return self.value(value.left, env, rank) @ self.value(value.right, env, rank)
+            return self.value(value.left, env, rank, names) @ self.value(value.right, env, rank, names)
         if isinstance(value, ir.Reduce):
             total = None
             for v in range(evaluate(value.extent, env)):
-                term = self.value(value.body, {**env, value.var.name: v}, rank)
-                total = term.clone() if total is None else total + term
+                term = self.value(value.body, {**env, value.var.name: v}, rank, names)
+                total = term.clone() if total is None else \
+                    torch.maximum(total, term) if value.op == "max" else total + term
             return total
-        args = [self.value(a, env, rank) for a in value.args]
+        args = [self.value(a, env, rank, names) for a in value.args]
         return apply(value.func, args)
 
 

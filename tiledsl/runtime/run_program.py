@@ -33,8 +33,9 @@ class Verdict:
         return f"{self.tensor}: {mark} (max relative error {self.max_error:.2e}{self.note})"
 
 
-def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict, nodes: int = 1) -> list[dict]:
-    reference = Reference(schedule, world, sizes, nodes=nodes)
+def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict, consts: dict | None = None,
+                nodes: int = 1) -> list[dict]:
+    reference = Reference(schedule, world, sizes, consts, nodes=nodes)
     generator = torch.Generator().manual_seed(seed)
     inputs = []
     for rank in range(world):
@@ -89,7 +90,8 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
     consts = consts or {}
     nodes = nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1)
     sizes = launch_sizes(schedule, world, sizes or {}, consts, nodes)
-    inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, nodes) for call in range(calls)]
+    inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, consts, nodes)
+              for call in range(calls)]
     reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES, nodes)
     shapes = [reference.shapes(rank) for rank in range(world)]
     results = run_ranks(_emulated_rank, world, os.fspath(source), consts, shapes, inputs, EMULATED_DTYPES,
@@ -99,7 +101,7 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
     for name, tensor in schedule.tensors.items():
         if tensor.role.value not in ("out", "inout"):
             continue
-        dtype = EMULATED_DTYPES.get(tensor.dtype, tensor.dtype)
+        dtype = rounded_dtype(schedule, name, EMULATED_DTYPES.get(tensor.dtype, tensor.dtype))
         where = f"world {world}" if nodes == 1 else f"{nodes} nodes x {world // nodes}"
         note = f", {where}, {', '.join(f'{k}={v}' for k, v in sizes.items())}"
         if calls > 1:
@@ -110,6 +112,49 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
         want = [expected[call][rank][name] for call in range(calls) for rank in range(world)]
         verdicts.append(compare(name, got, want, dtype, note))
     return verdicts
+
+
+def rounded_dtype(schedule, tensor: str, dtype: str) -> str:
+    """The dtype whose tolerance an output is judged by: its own, or a coarser one that a tile rounds to
+    on the way (`bf16(p) @ V`), in the family writing it or upstream of it (sp_ulysses's attention
+    rounds into Os, which a copy puts in O): a float32 kernel and a float64 reference round a few
+    elements to neighbouring bf16 values there, an error of bf16's size in the output."""
+    coarsest, seen, pending = dtype, set(), [tensor]
+    while pending:
+        written = pending.pop()
+        for family in schedule.families.values():
+            if family.name in seen or not any(r.tensor == written for r in family.writes):
+                continue
+            seen.add(family.name)
+            pending.extend(r.tensor for r in family.reads)
+            for cast in _casts(family):
+                if TOLERANCE.get(cast, 0.0) > TOLERANCE.get(coarsest, 0.0):
+                    coarsest = cast
+    return coarsest
+
+
+def _casts(family):
+    from tiledsl.schedule import ir
+
+    def walk(value):
+        if isinstance(value, ir.Map):
+            if value.func.startswith("cast:"):
+                yield value.func[5:]
+            for arg in value.args:
+                yield from walk(arg)
+        elif isinstance(value, ir.MatMul):
+            yield from walk(value.left)
+            yield from walk(value.right)
+        elif isinstance(value, (ir.Reduce, ir.Transpose)):
+            yield from walk(value.body if isinstance(value, ir.Reduce) else value.value)
+
+    def statements(items):
+        for s in items:
+            if isinstance(s, ir.Loop):
+                yield from statements(s.body)
+            else:
+                yield from walk(s.value)
+    yield from statements(family.body or family.stores)
 
 
 def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1) -> dict:

@@ -172,7 +172,7 @@ def _traced_rank(heap, source: str, sizes: dict, calls: int, dtype_map: dict, ti
     schedule = program_schedule(source)
     shapes = Reference(schedule, heap.world, sizes, nodes=nodes).shapes(heap.rank)
     for call in range(calls):
-        inputs = make_inputs(schedule, heap.world, sizes, call, dtype_map, nodes)[heap.rank]
+        inputs = make_inputs(schedule, heap.world, sizes, call, dtype_map, nodes=nodes)[heap.rank]
         program(**{s.name: inputs[s.name] if s.name in inputs else
                    torch.empty(shapes[s.name], dtype=override.get(s.dtype, getattr(torch, s.dtype)))
                    for s in program.callers})
@@ -216,7 +216,7 @@ def trace_gpu(source: str, sizes: dict, calls: int = 3) -> list[Event] | None:
     shapes = Reference(schedule, world, sizes, nodes=nodes).shapes(rank)
     with open_heap() as heap:
         program = tiledsl.compile(source, heap, trace=True)
-        inputs = make_inputs(schedule, world, sizes, 0, {}, nodes)[rank]
+        inputs = make_inputs(schedule, world, sizes, 0, {}, nodes=nodes)[rank]
         args = {s.name: inputs[s.name].cuda() if s.name in inputs else
                 torch.empty(shapes[s.name], dtype=getattr(torch, s.dtype), device="cuda") for s in program.callers}
         for _ in range(calls):

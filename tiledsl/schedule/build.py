@@ -51,6 +51,8 @@ class Builder:
         self.tensors: dict[str, ir.Tensor] = {}
         self.lets: list[tuple[str, sympy.Expr]] = []
         self.spans_nodes = False  # a topology name was used
+        # `wait` statements in tiles' loops: (tile, dep, scope, loop variable), edges once families exist
+        self.pending_waits: list = []
 
     # ---- diagnostics ----------------------------------------------------------------------------
     def fail(self, message: str, span: ast.Span, hint: str | None = None, notes=()) -> None:
@@ -205,6 +207,10 @@ class Builder:
                 if family is not None:
                     families[family.name] = family
         edges = [e for decl in program.of(ast.EdgeDecl) for e in self.edges(decl, families)]
+        for tile, dep, scope, loop in self.pending_waits:
+            if tile in families:
+                edge = self.dep_edge(families[tile], dep, scope, families, loop)
+                edges += [edge] if edge is not None else []
         for decl in program.of(ast.OrderDecl):
             self.order(decl, families)
         for decl in program.of(ast.PlaceDecl):
@@ -309,31 +315,37 @@ class Builder:
             return []
         renamed = {b.id: sym for b, (sym, _) in zip(decl.bound, consumer.indices)}
         scope = _Scope(self.sizes, {**RANK_NAMES, **renamed})
-        out = []
-        for dep in decl.deps:
-            producer = self.family_named(dep.family, families)
-            if producer is None:
-                continue
-            if len(dep.index) != len(producer.indices):
-                self.fail(f"'{producer.name}' has {len(producer.indices)} indices, this names {len(dep.index)}",
-                          dep.span)
-                continue
-            index_map = tuple(None if isinstance(i, ast.AllInstances) else self.size(i, scope) for i in dep.index)
-            rank_var = rank_extent = None
-            if isinstance(dep.ranks, ast.EveryRank):
-                ranks, rank_expr = ir.RankSet.EVERY, None
-            elif dep.ranks is None:
-                ranks, rank_expr = ir.RankSet.LOCAL, None
-            elif isinstance(dep.ranks, ast.RanksFor):
-                ranks = ir.RankSet.SET
-                rank_var, rank_expr, rank_extent = self.ranks_for(dep.ranks, scope)
-            else:
-                ranks, rank_expr = ir.RankSet.AT, self.size(dep.ranks, scope)
-            if producer.name == consumer.name and ranks is not ir.RankSet.LOCAL:
-                self.fail("a family may only wait on its own instances on the same rank", dep.span)
-            out.append(ir.Edge(consumer.name, producer.name, index_map, ranks, rank_expr, dep.span, rank_var,
-                               rank_extent))
-        return out
+        out = [self.dep_edge(consumer, dep, scope, families) for dep in decl.deps]
+        return [edge for edge in out if edge is not None]
+
+    def dep_edge(self, consumer: ir.Family, dep: ast.Dep, scope: _Scope, families, loop=None) -> ir.Edge | None:
+        """One producer side of an edge, its index map and rank in `scope` (with `loop`, a `wait` in the
+        consumer's loop: the scope has the loop's variable and the size names bound before the wait)."""
+        producer = self.family_named(dep.family, families)
+        if producer is None:
+            return None
+        if len(dep.index) != len(producer.indices):
+            self.fail(f"'{producer.name}' has {len(producer.indices)} indices, this names {len(dep.index)}",
+                      dep.span)
+            return None
+        before = self.failures
+        index_map = tuple(None if isinstance(i, ast.AllInstances) else self.size(i, scope) for i in dep.index)
+        rank_var = rank_extent = None
+        if isinstance(dep.ranks, ast.EveryRank):
+            ranks, rank_expr = ir.RankSet.EVERY, None
+        elif dep.ranks is None:
+            ranks, rank_expr = ir.RankSet.LOCAL, None
+        elif isinstance(dep.ranks, ast.RanksFor):
+            ranks = ir.RankSet.SET
+            rank_var, rank_expr, rank_extent = self.ranks_for(dep.ranks, scope)
+        else:
+            ranks, rank_expr = ir.RankSet.AT, self.size(dep.ranks, scope)
+        if producer.name == consumer.name and (ranks is not ir.RankSet.LOCAL or loop is not None):
+            self.fail("a family may only wait on its own instances on the same rank, before it starts", dep.span)
+        if self.failures > before:
+            return None
+        return ir.Edge(consumer.name, producer.name, index_map, ranks, rank_expr, dep.span, rank_var, rank_extent,
+                       loop)
 
     def ranks_for(self, ranks: ast.RanksFor, scope: _Scope):
         """`(s*local_world + local_rank for s in nodes)`: the variable, the rank over it, its extent."""

@@ -264,8 +264,9 @@ def _skipped(concrete: Concrete):
                    f"instances {spans[0]}" if len(spans) == 1 else f"instances [{', '.join(spans)}]")
             why = f"{edge.producer} has {has}"
         producer = schedule.families[edge.producer]
+        when = "" if skipped.step is None else f" at step {skipped.step} of its loop"
         yield ("skipped", skipped.edge), warning(
-            f"{at(consumer)} waits on nothing through this edge: it names {wanted}, but {why} "
+            f"{at(consumer)}{when} waits on nothing through this edge: it names {wanted}, but {why} "
             f"(at {sizes_text(concrete)})",
             edge.span, notes=[Note(f"'{producer.name}' is declared here", producer.span)],
             hint="an index or rank outside the producer's instances means no wait; check the index map "
@@ -333,6 +334,8 @@ def _order_mismatch(concrete: Concrete):
     for wait in concrete.waits:
         edge = schedule.edges[wait.edge]
         consumer, producer = schedule.families[edge.consumer], schedule.families[edge.producer]
+        if wait.step not in (None, 0):
+            continue  # a later step of a loop waits for what it needs then: judged by the first step
         if (edge.ranks is not ir.RankSet.LOCAL or None in edge.index_map or consumer.kind is not ir.Kind.TILE
                 or producer.kind is not ir.Kind.CHUNK):
             continue

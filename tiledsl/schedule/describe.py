@@ -67,11 +67,34 @@ def _family(family: ir.Family) -> list[str]:
             lines.append(f"    {label:<8}" + ", ".join(region_text(r) for r in regions))
     if family.loops:
         lines.append("    loops   " + ", ".join(f"{var} in {extent}" for var, extent in family.loops))
-    for store in family.stores:
-        lines.append(f"    compute {region_text(store.target)} = {value_text(store.value)}"
-                     f"   ({store.dtype}{_shape(store.shape)})")
+    if family.body:
+        lines.extend(_statements(family.body, "    "))
+    else:
+        for store in family.stores:
+            lines.append(f"    compute {region_text(store.target)} = {value_text(store.value)}"
+                         f"   ({store.dtype}{_shape(store.shape)})")
     if family.order:
         lines.append("    order   " + ", ".join(map(str, family.order)))
+    return lines
+
+
+def _statements(statements, indent: str) -> list[str]:
+    """A tile's block: its names, its loop (with what it carries) and its stores."""
+    lines = []
+    for statement in statements:
+        if isinstance(statement, ir.SizeLet):
+            lines.append(f"{indent}size    {statement.symbol} = {statement.value}")
+        elif isinstance(statement, ir.Let):
+            lines.append(f"{indent}let     {statement.name} = {value_text(statement.value)}"
+                         f"   ({statement.dtype}{_shape(statement.shape)})")
+        elif isinstance(statement, ir.Loop):
+            carried = ", ".join(f"{c.name} {c.dtype}{_shape(c.shape)}" for c in statement.carried)
+            lines.append(f"{indent}loop    {statement.var} in {statement.extent}"
+                         + (f"   carries {carried}" if carried else ""))
+            lines.extend(_statements(statement.body, indent + "  "))
+        else:
+            lines.append(f"{indent}compute {region_text(statement.target)} = {value_text(statement.value)}"
+                         f"   ({statement.dtype}{_shape(statement.shape)})")
     return lines
 
 
@@ -100,7 +123,13 @@ def value_text(value: ir.Value) -> str:
     if isinstance(value, ir.MatMul):
         return f"({value_text(value.left)} @ {value_text(value.right)})"
     if isinstance(value, ir.Reduce):
-        return f"sum({value_text(value.body)} for {value.var} in {value.extent})"
+        return f"{value.op}({value_text(value.body)} for {value.var} in {value.extent})"
+    if isinstance(value, ir.Local):
+        return value.name
+    if isinstance(value, ir.Iota):
+        return f"{'rows' if value.axis == 0 else 'cols'}({value.size})"
+    if isinstance(value, ir.Transpose):
+        return f"{value_text(value.value)}.T"
     return f"{value.func}({', '.join(value_text(a) for a in value.args)})"
 
 
@@ -114,4 +143,6 @@ def _edge(schedule: ir.Schedule, edge: ir.Edge) -> str:
         text += f" @ {_atom(edge.rank_expr)}"
     elif edge.ranks is ir.RankSet.SET:
         text += f" @ ({edge.rank_expr} for {edge.rank_var} in {edge.rank_extent})"
+    if edge.loop is not None:
+        text += f"   (at each step of {edge.loop})"
     return text

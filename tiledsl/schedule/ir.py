@@ -5,6 +5,7 @@ program's symbols (params, consts, `rank`, `world`, the topology's `node`, `node
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -88,13 +89,34 @@ class MatMul:
 
 @dataclass(frozen=True)
 class Reduce:
-    """sum(body for var in range(extent)), the body loaded once per value of var."""
+    """sum(body for var in range(extent)) (or max), the body loaded once per value of var."""
     var: sympy.Symbol
     extent: sympy.Expr
     body: "Value"
+    op: str = "sum"  # sum or max
 
 
-Value = Union[Load, Scalar, Map, MatMul, Reduce]
+@dataclass(frozen=True)
+class Local:
+    """A name bound in a tile's block (`p = exp2(s - m)`): where it is read, its latest binding."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Iota:
+    """The element indices 0 .. size-1 along one axis: `rows(n)` is a column [n, 1] (axis 0), `cols(n)` a
+    row [1, n] (axis 1). Masks compare them: `where(c*BN + cols(BN) <= i*BM + rows(BM), s, -inf)`."""
+    size: sympy.Expr
+    axis: int
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """`x.T`: a 2-D value with its axes swapped."""
+    value: "Value"
+
+
+Value = Union[Load, Scalar, Map, MatMul, Reduce, Local, Iota, Transpose]
 
 
 @dataclass(frozen=True)
@@ -103,6 +125,56 @@ class Store:
     value: Value
     dtype: str  # of the value before it is cast to the target's dtype
     shape: tuple[sympy.Expr, ...]
+
+
+# ---- the statements of a tile written as a block --------------------------------------------------
+
+@dataclass(frozen=True)
+class Let:
+    """`name = value` in a tile's block: a value of this shape and dtype, read by name below."""
+    name: str
+    value: Value
+    shape: tuple[sympy.Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class SizeLet:
+    """`pk = (n - 1 - t) / NK` in a tile's block: a size that depends on the instance (or the step),
+    named. Regions, waits and extents after it use `symbol`; what they mean is the expression with
+    every such symbol replaced by its value (`Family.expand`), and the kernel computes it once, here."""
+    symbol: sympy.Symbol
+    value: sympy.Expr  # over sizes, rank, the family's indices, the loop's variable and earlier SizeLets
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A name a loop carries from each step to the next: bound before the loop (its initial value,
+    broadcast to `shape`), rebound in it (the update), read after it (the last step's value)."""
+    name: str
+    shape: tuple[sympy.Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Loop:
+    """`for var in extent:` in a tile's block: `extent` steps, one after another, in one instance. A
+    step's waits (the edges whose `loop` is `var`) come before anything the step reads."""
+    var: sympy.Symbol
+    extent: sympy.Expr              # over sizes, rank and the family's indices
+    body: tuple["Statement", ...]
+    carried: tuple[Carried, ...]
+    span: ast.Span = field(compare=False)
+
+
+Statement = Union[Let, Loop, Store, SizeLet]
+
+
+class Phase(enum.Enum):
+    """When an instance of a tile with a loop makes an access (or waits)."""
+    ENTRY = "entry"  # before the loop (the family's own edges wait here)
+    STEP = "step"    # in a step of the loop, over its variable
+    EXIT = "exit"    # after the loop; what the instance signals comes after this
 
 
 @dataclass(frozen=True)
@@ -135,6 +207,11 @@ class Family:
     # variables other than the indices that regions mention (`s` in sum(... for s in world)), with extents
     loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
     span: ast.Span = field(compare=False, default_factory=ast.Span.none)
+    # a tile written as statements with local names or a loop: all of them, in order (`stores` lists its
+    # stores too); empty for a tile that is only stores
+    body: tuple[Statement, ...] = ()
+    # with a loop: when each of `reads + writes` happens; empty without one
+    phases: tuple[Phase, ...] = ()
 
     @property
     def index_names(self) -> tuple[str, ...]:
@@ -145,6 +222,40 @@ class Family:
         """An NVSHMEM put: it writes another rank's copy and signals there, with its data. (An NVSHMEM
         chunk that reads another rank's copy into this rank's is a get: it notifies as SMs do.)"""
         return self.engine.kind is EngineKind.NVSHMEM and self.writes[0].owner is not None
+
+    @property
+    def loop(self) -> Loop | None:
+        """The tile's loop (one at most)."""
+        return next((s for s in self.body if isinstance(s, Loop)), None)
+
+    def expand(self, expr):
+        """`expr` with the tile's size names replaced by their values: over sizes, rank, indices and
+        the loop's variable only. What a region, a wait or an extent means; the kernel keeps the names."""
+        if not self._size_values:
+            return expr
+        expr = sympy.sympify(expr)
+        if expr not in self._expanded:  # the checker asks for the same ones at every world and size
+            self._expanded[expr] = expr.xreplace(self._size_values)
+        return self._expanded[expr]
+
+    @functools.cached_property
+    def _size_values(self) -> dict:
+        values = {}
+        for statement in _size_lets(self.body):
+            values[statement.symbol] = sympy.sympify(statement.value).xreplace(values)
+        return values
+
+    @functools.cached_property
+    def _expanded(self) -> dict:
+        return {}
+
+
+def _size_lets(statements):
+    for statement in statements:
+        if isinstance(statement, SizeLet):
+            yield statement
+        elif isinstance(statement, Loop):
+            yield from _size_lets(statement.body)
 
 
 class RankSet(enum.Enum):
@@ -166,6 +277,9 @@ class Edge:
     # RankSet.SET, `@ (s*local_world + local_rank for s in nodes)`: the variable and its extent
     rank_var: sympy.Symbol | None = None
     rank_extent: sympy.Expr | None = None
+    # `wait` in the consumer's loop: the loop's variable, which the index map and rank may use; the wait
+    # is made at every step, each naming the producer at that step. None: the instance waits at its start
+    loop: sympy.Symbol | None = None
 
 
 @dataclass(frozen=True)

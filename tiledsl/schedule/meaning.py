@@ -10,8 +10,13 @@ rank runs them, or what an edge waits for.
 - **Edges**: a consumer instance waits on the producer instances its edge names. An index or rank that
   falls outside the producer family names no instance there: **no wait**, in the checker, the
   kernel (a guarded wait) and the reference alike.
+- **Steps**: a tile with a loop runs as a chain of nodes: its entry (its edges' waits, what it does
+  before the loop), then one node per step of the loop (that step's `wait`s, then what it reads), then
+  its exit (what it does after the loop; its signal follows). A `wait` in the loop names, at each step,
+  the producer instance its index map gives for that step's value of the loop variable. Every other
+  instance is one node. Waits point at a producer's exit.
 - **Deadlock**: the waits plus each rank's serial order (its families in sequence, each in its order,
-  one instance after another) have a cycle. That is the most serial way to run the schedule, the
+  one instance after another, each instance's nodes in turn) have a cycle. That is the most serial way to run the schedule, the
   emulator's; a GPU runs a subset of those orders concurrently, so it cannot deadlock if this does not.
 - **Race**: two overlapping accesses to one rank's copy of a tensor, at least one a write, that no path
   of waits orders (program order does not count: a family's instances run on many programs at once).
@@ -28,6 +33,7 @@ import enum
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -93,17 +99,30 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
     the consts at their values, every index extent that depends on a param is at least 2, and all ranks
     together have at most `max_instances` instances. Where no k up to MAX_MULTIPLE gives that, L is cut
-    to what the conditions alone need, and then two instances per index are no longer insisted on.
+    to what the conditions alone need (each param's own, where they differ), then each param gets a unit of its own (`_units`: what it is
+    divided by, so that batch and head counts stay small beside a sequence length that blocks divide),
+    and then two instances per index are no longer insisted on.
     Raises ValueError when nothing meets the conditions within the bound (a condition on consts and
     world alone that fails at this world, say, or an index space that is large at any valid size)."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
-    needed = math.lcm(1, *(int(a) for c in schedule.conditions for a in c.holds.subs(consts).atoms(sympy.Integer)
-                            if a > 0))
-    bases = dict.fromkeys([world * math.lcm(needed, *schedule.consts.values()), world * needed])
+    numbers = [(c.holds.free_symbols, [int(a) for a in c.holds.subs(consts).atoms(sympy.Integer) if a > 0])
+               for c in schedule.conditions]
+    every = math.lcm(1, *(a for _, found in numbers for a in found))
+    # per param, the lcm of the numbers in the conditions on it: `require DM % 8 == 0` makes DM's
+    # multiples of 8 and leaves the other params' alone
+    needed = {p: math.lcm(1, *(a for symbols, found in numbers if ir.size_symbol(p) in symbols for a in found))
+              for p in schedule.params}
+    cut = world * every if len(set(needed.values())) <= 1 else {p: world * n for p, n in needed.items()}
+    bases = [world * math.lcm(every, *schedule.consts.values())]
+    bases += [cut] if cut != bases[0] else []
+    units = _units(schedule, world)
     params, fallback = set(schedule.params), None
-    for base in bases if params else [0]:
+    # per family, which of its indices have an extent that a param sets: those must reach 2
+    sized = {name: [bool({str(s) for s in sympy.sympify(e).free_symbols} & params) for _, e in family.indices]
+             for name, family in schedule.families.items()}
+    for base in [*bases, units] if params else [0]:
         for k in range(1, MAX_MULTIPLE + 1 if params else 2):
-            sizes = {p: base * k for p in schedule.params}
+            sizes = {p: (base[p] if isinstance(base, dict) else base) * k for p in schedule.params}
             if not _conditions_hold(schedule, world, sizes, nodes):
                 continue
             total, too_few = 0, False
@@ -111,8 +130,7 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
                 for rank in range(world):
                     extents = _extents(schedule, family, world, sizes, rank, nodes)
                     total += math.prod(extents)
-                    too_few |= any(n < 2 and {str(s) for s in e.free_symbols} & params
-                                   for n, (_, e) in zip(extents, family.indices))
+                    too_few |= any(n < 2 and by_param for n, by_param in zip(extents, sized[family.name]))
             if total > max_instances:
                 break  # larger multiples only have more instances
             if not too_few:
@@ -123,6 +141,37 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
         raise ValueError(f"no params meet the launch conditions at world {world} with at most "
                          f"{max_instances} instances")
     return fallback
+
+
+def _units(schedule: ir.Schedule, world: int) -> dict[str, int]:
+    """Per param, what its sizes are multiples of: the lcm of the numbers (consts and world at their
+    values) that it is divided by anywhere in the schedule, and of those in the launch conditions on
+    it; 1 for a param nothing divides (a batch, a head count)."""
+    values = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
+    values[ir.WORLD] = world
+    symbols = {ir.size_symbol(p): p for p in schedule.params}
+    units = dict.fromkeys(schedule.params, 1)
+    exprs = [d for t in schedule.tensors.values() for d in t.shape]
+    exprs += [e for f in schedule.families.values() for _, e in f.indices] + [v for _, v in schedule.lets]
+    exprs += [e for f in schedule.families.values() for r in f.reads + f.writes for d in r.dims
+              for e in (d.start, d.size)]
+    for expr in exprs + [c.holds for c in schedule.conditions]:
+        for node in sympy.preorder_traversal(sympy.sympify(expr)):
+            if isinstance(node, sympy.Mod):
+                divided, by = node.args
+            elif node.is_Mul:
+                divided, by = node.as_numer_denom()
+            else:
+                continue
+            by = sympy.sympify(by).subs(values)
+            if by.is_Integer and int(by) > 1:
+                for symbol in sympy.sympify(divided).free_symbols & set(symbols):
+                    units[symbols[symbol]] = math.lcm(units[symbols[symbol]], int(by))
+    for condition in schedule.conditions:
+        numbers = [int(a) for a in condition.holds.subs(values).atoms(sympy.Integer) if a > 1]
+        for symbol in condition.holds.free_symbols & set(symbols):
+            units[symbols[symbol]] = math.lcm(units[symbols[symbol]], *numbers)
+    return units
 
 
 def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
@@ -253,11 +302,12 @@ class Target:
 
 def target(schedule: ir.Schedule, edge: ir.Edge) -> Target:
     producer, consumer = schedule.families[edge.producer], schedule.families[edge.consumer]
-    return _target(edge, producer.indices, consumer.indices)
+    loop_extent = consumer.loop.extent if edge.loop is not None and consumer.loop is not None else None
+    return _target(edge, producer.indices, consumer.indices, loop_extent)
 
 
 @functools.lru_cache(maxsize=1024)
-def _target(edge: ir.Edge, producer_indices, consumer_indices) -> Target:
+def _target(edge: ir.Edge, producer_indices, consumer_indices, loop_extent=None) -> Target:
     """What `edge` names, from the index spaces of its producer and consumer (proofs by sympy: once)."""
     rank = {ir.RankSet.LOCAL: ir.RANK, ir.RankSet.AT: edge.rank_expr, ir.RankSet.SET: edge.rank_expr,
             ir.RankSet.EVERY: None}[edge.ranks]
@@ -270,6 +320,8 @@ def _target(edge: ir.Edge, producer_indices, consumer_indices) -> Target:
     if edge.ranks is ir.RankSet.SET:
         over = (edge.rank_var, edge.rank_extent)
         known[edge.rank_var] = edge.rank_extent
+    if edge.loop is not None and loop_extent is not None:
+        known[edge.loop] = loop_extent
     conditions = [c for i, extent in bounds for c in (sympy.Ge(i, 0), sympy.Lt(i, extent)) if not _holds(c, known)]
     return Target(edge.index_map, rank, sympy.And(*conditions), over)
 
@@ -338,6 +390,7 @@ class Access:
     hi: tuple[int, ...]
     # before clipping, per dimension: (smallest start, largest start, largest stop) over the loop variables
     reach: tuple[tuple[int, int, int], ...]
+    node: int = -1                         # the node it happens at (Concrete.node_of); -1: the instance's
 
     @property
     def empty(self) -> bool:
@@ -346,10 +399,12 @@ class Access:
 
 @dataclass(frozen=True)
 class Wait:
-    """One edge of one consumer instance: it starts after every producer instance is complete."""
+    """One edge of one consumer instance: it starts (or, with `step`, that step of its loop starts)
+    after every producer instance is complete."""
     consumer: int
     edge: int                   # position in schedule.edges
     producers: tuple[int, ...]  # the same tuple object for every wait on the same producer set
+    step: int | None = None     # a `wait` in the consumer's loop: the step it waits at
 
 
 @dataclass(frozen=True)
@@ -359,6 +414,7 @@ class Skipped:
     edge: int
     index: tuple[int | None, ...]  # the producer index the map gave (None: `*`)
     rank: int                      # the producer rank it asked for
+    step: int | None = None
 
 
 @dataclass
@@ -380,6 +436,44 @@ class Concrete:
     @property
     def topology(self) -> Topology:
         return Topology.of(self.world, self.nodes)
+    # the nodes of instances with a loop, after the instances' own: (instance, step), step -1 the entry
+    parts: list[tuple[int, int]] = None
+    looped: dict[int, tuple[int, int]] = None           # instance with a loop -> (its entry node, its steps)
+
+    @property
+    def node_count(self) -> int:
+        return len(self.instances) + len(self.parts)
+
+    def entry(self, position: int) -> int:
+        """The node an instance starts at: its own, or its entry node where it has a loop."""
+        return self.looped[position][0] if position in self.looped else position
+
+    def steps(self, position: int) -> int:
+        """How many steps the instance's loop runs (0 without a loop)."""
+        return self.looped[position][1] if position in self.looped else 0
+
+    def step_node(self, position: int, step: int) -> int:
+        return self.looped[position][0] + 1 + step
+
+    def node_of(self, access_or_wait) -> int:
+        """The node where an access happens or a wait holds."""
+        if isinstance(access_or_wait, Wait):
+            if access_or_wait.step is None:
+                return self.entry(access_or_wait.consumer)
+            return self.step_node(access_or_wait.consumer, access_or_wait.step)
+        return access_or_wait.instance if access_or_wait.node < 0 else access_or_wait.node
+
+    def instance_of(self, node: int) -> tuple[int, int | None]:
+        """(instance, step) of a node: step None for the instance's exit (or its only node), -1 its entry."""
+        if node < len(self.instances):
+            return node, None
+        return self.parts[node - len(self.instances)]
+
+    def chain(self):
+        """Arcs of program order inside each instance with a loop: entry, each step, exit."""
+        for position, (entry, count) in self.looped.items():
+            nodes = [entry] + [entry + 1 + n for n in range(count)] + [position]
+            yield from zip(nodes, nodes[1:])
 
     def position(self, family: str, rank: int, index: Sequence[int]) -> int | None:
         """The position of an instance in `instances`, or None outside the family's index space."""
@@ -401,17 +495,20 @@ class Concrete:
         return [p for family in self.sequence for p in self.in_order(family, rank)]
 
     def runnable(self) -> list[int]:
-        """Every instance of every rank in an order that respects both the waits and each rank's
-        serial order: what the reference runs. Raises ValueError if there is none (a deadlock)."""
-        after: list[list[int]] = [[] for _ in self.instances]
+        """Every node (an instance, or an entry, step or exit of one with a loop) of every rank in an
+        order that respects the waits, each rank's serial order and each instance's own order: what the
+        reference runs. Raises ValueError if there is none (a deadlock)."""
+        after: list[list[int]] = [[] for _ in range(self.node_count)]
         for wait in self.waits:
             for producer in wait.producers:
-                after[producer].append(wait.consumer)
+                after[producer].append(self.node_of(wait))
+        for first, then in self.chain():
+            after[first].append(then)
         for rank in range(self.world):
             serial = self.serial(rank)
             for first, then in zip(serial, serial[1:]):
-                after[first].append(then)
-        waiting = [0] * len(self.instances)
+                after[first].append(self.entry(then))
+        waiting = [0] * self.node_count
         for nexts in after:
             for n in nexts:
                 waiting[n] += 1
@@ -421,7 +518,7 @@ class Concrete:
                 waiting[n] -= 1
                 if waiting[n] == 0:
                     ready.append(n)
-        if len(ready) < len(self.instances):
+        if len(ready) < self.node_count:
             raise ValueError("the schedule deadlocks at these sizes")
         return ready
 
@@ -440,9 +537,11 @@ def instantiate(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes:
     all_sizes = dict(zip((*schedule.params, *schedule.consts), values))
     shapes = {name: tuple(compile_exprs(t.shape, size_symbols(schedule))(*values))
               for name, t in schedule.tensors.items()}
-    done = Concrete(schedule, world, all_sizes, sequence, [], [], {}, {}, shapes, [], [], [], nodes)
+    done = Concrete(schedule, world, all_sizes, sequence, [], [], {}, {}, shapes, [], [], [], nodes, [], {})
     for family in schedule.families.values():
         _family_instances(done, family, values)
+    for family in schedule.families.values():
+        _family_steps(done, family, values)
     for family in schedule.families.values() if accesses else ():  # without: instances and waits only
         _family_accesses(done, family, values)
     for number, edge in enumerate(schedule.edges):
@@ -464,54 +563,90 @@ def _family_instances(done: Concrete, family: ir.Family, values: tuple) -> None:
         done.extents[family.name].append(extents)
 
 
+def _family_steps(done: Concrete, family: ir.Family, values: tuple) -> None:
+    """The entry and step nodes of each instance of a tile with a loop (its exit is the instance)."""
+    loop = family.loop
+    if loop is None:
+        return
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices))
+    extent = compile_exprs((family.expand(loop.extent),), symbols)
+    for rank in range(done.world):
+        for position in done.ranges[family.name][rank]:
+            (count,) = extent(*values, rank, *done.instances[position].index)
+            done.looped[position] = (done.node_count, max(0, count))
+            done.parts.append((position, -1))
+            done.parts.extend((position, step) for step in range(max(0, count)))
+
+
 def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
-    loops = [s for s, _ in family.loops]
-    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *loops)
-    loop_extents = compile_exprs(tuple(e for _, e in family.loops), (*size_symbols(done.schedule), ir.RANK))
+    """Each region an instance reads or writes, at the node where it does (meaning's docstring), as
+    the hull over the variables it runs along inside that node: a reduction's (`s` of sum(... for s in
+    world)) and an inner loop's of the tile's loop, whose extent may depend on the instance and step."""
+    hull = [s for s, _ in family.loops]
+    step_var = () if family.loop is None else (family.loop.var,)
+    at_node = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *step_var)
+    symbols = (*at_node, *hull)
+    hull_extents = compile_exprs(tuple(family.expand(e) for _, e in family.loops), at_node)
     regions = [(r, False) for r in family.reads] + [(r, True) for r in family.writes]
-    for region, write in regions:
-        exprs = (region.owner if region.owner is not None else ir.RANK,
-                 *(e for d in region.dims for e in (d.start, d.size)))
+    phases = family.phases or (None,) * len(regions)
+    for (region, write), phase in zip(regions, phases):
+        exprs = tuple(family.expand(e) for e in (region.owner if region.owner is not None else ir.RANK,
+                                                 *(e for d in region.dims for e in (d.start, d.size))))
         evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
         mentioned = set().union(*(sympy.sympify(e).free_symbols for e in exprs))
+        hulled = any(s in mentioned for s in hull)
         shape = done.shapes[region.tensor]
+        accesses = done.accesses
         for rank in range(done.world):
-            looped = [range(n) if s in mentioned else range(1)
-                      for s, n in zip(loops, loop_extents(*values, rank))]
             for position in done.ranges[family.name][rank]:
                 index = done.instances[position].index
-                by_copy: dict[int, list[tuple]] = {}
-                for loop_values in itertools.product(*looped):
-                    owner, *dims = evaluate(rank, *index, *loop_values)
-                    by_copy.setdefault(owner, []).append(dims)
-                for copy, points in by_copy.items():
-                    done.accesses.append(_box(position, region, write, copy, points, shape))
+                if phase is ir.Phase.STEP:  # one access per step, at that step's node
+                    at = [((step,), done.step_node(position, step)) for step in range(done.steps(position))]
+                elif phase is ir.Phase.ENTRY:
+                    at = [((0,), done.entry(position))]
+                else:
+                    at = [((0,) * len(step_var), -1)]
+                for step, node in at:
+                    if not hulled:  # one point: the common case, kept cheap (the checker runs it often)
+                        owner, *dims = evaluate(rank, *index, *step, *((0,) * len(hull)))
+                        accesses.append(_box(position, region, write, owner, (dims,), shape, node))
+                        continue
+                    extents = hull_extents(*values, rank, *index, *step)
+                    looped = [range(max(0, n)) if s in mentioned else range(1) for s, n in zip(hull, extents)]
+                    by_copy: dict[int, list[tuple]] = {}
+                    for loop_values in itertools.product(*looped):
+                        owner, *dims = evaluate(rank, *index, *step, *loop_values)
+                        by_copy.setdefault(owner, []).append(dims)
+                    for copy, points in by_copy.items():
+                        accesses.append(_box(position, region, write, copy, points, shape, node))
 
 
-def _box(position, region, write, copy, points, shape) -> Access:
+def _box(position, region, write, copy, points, shape, node: int = -1) -> Access:
     """The hull of a region over its loop variables' values, on one copy."""
     if len(points) == 1:
         starts = points[0][0::2]
         stops = [a + n for a, n in zip(starts, points[0][1::2])]
-        return Access(position, region, write, copy, tuple(max(0, a) for a in starts),
-                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)))
+        return Access(position, region, write, copy, tuple([a if a > 0 else 0 for a in starts]),
+                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)), node)
     reach, lo, hi = [], [], []
+    columns = list(zip(*points))  # per dimension, the column of its starts, then of its sizes
     for n, extent in enumerate(shape):
-        starts = [p[2 * n] for p in points]
-        stops = [p[2 * n] + p[2 * n + 1] for p in points]
-        reach.append((min(starts), max(starts), max(stops)))
-        lo.append(max(0, min(starts)))
-        hi.append(min(extent, max(stops)))
-    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach))
+        starts = columns[2 * n]
+        first, stop = min(starts), max(map(operator.add, starts, columns[2 * n + 1]))
+        reach.append((first, max(starts), stop))
+        lo.append(max(0, first))
+        hi.append(min(extent, stop))
+    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach), node)
 
 
 def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> None:
     consumer = done.schedule.families[edge.consumer]
     named = target(done.schedule, edge)
     mapped = [e for e in named.index if e is not None]
-    exprs = (*mapped, named.rank if named.rank is not None else ir.RANK)
+    exprs = tuple(consumer.expand(e) for e in (*mapped, named.rank if named.rank is not None else ir.RANK))
     over = () if named.over is None else (named.over[0],)
-    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in consumer.indices), *over)
+    step_var = () if edge.loop is None else (edge.loop,)
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in consumer.indices), *over, *step_var)
     evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
     steps = [()]
     if named.over is not None:
@@ -521,21 +656,24 @@ def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> No
     for rank in range(done.world):
         for position in done.ranges[edge.consumer][rank]:
             instance = done.instances[position].index
-            *found, at = evaluate(rank, *instance, *(steps[0] if steps else (0,) * len(over)))
-            it = iter(found)
-            index = tuple(None if e is None else next(it) for e in named.index)
-            if named.over is not None:
-                ranks = tuple(dict.fromkeys(evaluate(rank, *instance, *v)[-1] for v in steps))
-            else:
-                ranks = range(done.world) if named.rank is None else (at,)
-            key = (index, tuple(ranks))
-            if key not in shared:
-                shared[key] = _producers(done, edge.producer, index, ranks)
-            producers, missing = shared[key]
-            if missing is not None:
-                done.skipped.append(Skipped(position, number, index, missing))
-            if producers:
-                done.waits.append(Wait(position, number, producers))
+            first = steps[0] if steps else (0,) * len(over)
+            for step in [None] if edge.loop is None else range(done.steps(position)):
+                at_step = () if step is None else (step,)
+                *found, at = evaluate(rank, *instance, *first, *at_step)
+                it = iter(found)
+                index = tuple(None if e is None else next(it) for e in named.index)
+                if named.over is not None:
+                    ranks = tuple(dict.fromkeys(evaluate(rank, *instance, *v, *at_step)[-1] for v in steps))
+                else:
+                    ranks = range(done.world) if named.rank is None else (at,)
+                key = (index, tuple(ranks))
+                if key not in shared:
+                    shared[key] = _producers(done, edge.producer, index, ranks)
+                producers, missing = shared[key]
+                if missing is not None:
+                    done.skipped.append(Skipped(position, number, index, missing, step))
+                if producers:
+                    done.waits.append(Wait(position, number, producers, step))
 
 
 def _producers(done: Concrete, family: str, index, ranks) -> tuple[tuple[int, ...], int | None]:

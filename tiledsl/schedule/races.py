@@ -1,8 +1,10 @@
 """Deadlocks and races, proved on the graph of concrete instances: an arc from each producer to each
-instance that waits on it, and for deadlocks also each rank's serial order (`meaning.py`). A cycle is
-a deadlock; two accesses to one region, one a write, with no path of waits between them are a race."""
+instance (or step of one) that waits on it, the program order of an instance's own steps, and for
+deadlocks also each rank's serial order (`meaning.py`). A cycle is a deadlock; two accesses to one
+region, one a write, with no path of waits between them are a race."""
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import networkx
@@ -11,17 +13,19 @@ import numpy
 from tiledsl.diagnostics import Diagnostic, Note, error
 from tiledsl.schedule import ir
 from tiledsl.schedule.meaning import Access, Concrete
-from tiledsl.schedule.witness import Deadlock, Race, Step
+from tiledsl.schedule.witness import Deadlock, Point, Race, Step
 from tiledsl.schedule.wording import family_text, point, sizes_text, where
 
 # ---- the instance graph --------------------------------------------------------------------------
 
 def graph(concrete: Concrete) -> tuple[list[list[int]], list[int]]:
-    """Successor lists, producer before consumer, over the instances (0..n-1) and one node per distinct
+    """Successor lists, producer before consumer, over the nodes (instances 0..n-1, then the entries and
+    steps of instances with a loop, each chained in its program order) and one node per distinct
     waited-on producer set (so that `push[*] @ every rank` costs one node, not consumers x producers arcs),
     and the edge of each such node."""
-    count = len(concrete.instances)
-    successors: list[list[int]] = [[] for _ in range(count)]
+    successors: list[list[int]] = [[] for _ in range(concrete.node_count)]
+    for first, then in concrete.chain():
+        successors[first].append(then)
     via: list[int] = []
     nodes: dict[tuple, int] = {}
     for wait in concrete.waits:
@@ -33,7 +37,7 @@ def graph(concrete: Concrete) -> tuple[list[list[int]], list[int]]:
             via.append(wait.edge)
             for producer in wait.producers:
                 successors[producer].append(node)
-        successors[node].append(wait.consumer)
+        successors[node].append(concrete.node_of(wait))
     return successors, via
 
 
@@ -43,7 +47,7 @@ def add_serial_order(concrete: Concrete, successors: list[list[int]]) -> None:
     for rank in range(concrete.world):
         serial = concrete.serial(rank)
         for first, then in zip(serial, serial[1:]):
-            successors[first].append(then)
+            successors[first].append(concrete.entry(then))
 
 
 def topological(successors: list[list[int]]) -> list[int]:
@@ -64,8 +68,8 @@ def topological(successors: list[list[int]]) -> list[int]:
 def cycle(concrete: Concrete, successors, via, left: set[int]):
     """One cycle, read off the nodes that Kahn's order could not reach. Every edge map is a total
     function of the consumer's instance, so a cycle between families always shows up here. Arcs
-    between two instances are serial order (the later instance runs after the earlier)."""
-    count, instances = len(concrete.instances), concrete.instances
+    between two nodes are serial or program order (the later one runs after the earlier)."""
+    count = concrete.node_count
     graph = networkx.DiGraph((v, n) for v in left for n in successors[v] if n in left)
     arcs = networkx.find_cycle(graph)
     start = next(n for n, (source, _) in enumerate(arcs) if source < count)
@@ -77,39 +81,59 @@ def cycle(concrete: Concrete, successors, via, left: set[int]):
             producer = source
         else:
             steps.append((target, producer, via[source - count]))
+    # program order within an instance (entry, steps, exit) is no finding of its own: fold it away
+    steps = [s for s in steps if not (s[2] is None and _same_instance(concrete, s[0], s[1]))]
     steps.reverse()  # read as "waits for"
     families = list(concrete.schedule.families)
-    first = min(range(len(steps)), key=lambda n: (families.index(instances[steps[n][0]].family),
-                                                  instances[steps[n][0]].rank, instances[steps[n][0]].index))
+
+    def key(n):
+        instance = concrete.instances[concrete.instance_of(steps[n][0])[0]]
+        return families.index(instance.family), instance.rank, instance.index
+    first = min(range(len(steps)), key=key)
     steps = steps[first:] + steps[:first]
-    path = steps_text(instances, steps)
+    text = functools.partial(node_text, concrete)
+    path = text(steps[0][0]) + "".join(f" -> {text(b)}" + (" (runs first on its rank)" if e is None else "")
+                                      for _, b, e in steps)
     edges = concrete.schedule.edges
     notes = []
     for waiter, waited, edge in steps:
         if edge is None:
-            family = concrete.schedule.families[instances[waiter].family]
-            notes.append(Note(f"{instances[waiter]} runs after {instances[waited]} on its rank", family.span))
+            family = concrete.schedule.families[concrete.instances[concrete.instance_of(waiter)[0]].family]
+            notes.append(Note(f"{text(waiter)} runs after {text(waited)} on its rank", family.span))
         else:
-            notes.append(Note(f"{instances[waiter]} waits for {instances[waited]} here", edges[edge].span))
+            notes.append(Note(f"{text(waiter)} waits for {text(waited)} here", edges[edge].span))
     first_edge = next(edge for _, _, edge in steps if edge is not None)
-    witness = Deadlock(where(concrete), tuple(Step(point(instances[a]), point(instances[b]), e) for a, b, e in steps))
+    witness = Deadlock(where(concrete), tuple(Step(node_point(concrete, a), node_point(concrete, b), e)
+                                              for a, b, e in steps))
     yield ("cycle", frozenset(edge for _, _, edge in steps)), error(
         f"deadlock: a cycle of waits: {path} (at {sizes_text(concrete)})", edges[first_edge].span,
         notes=notes, hint="each instance waits for the next one, so none of them can start",
         witness=witness)
 
 
-def steps_text(instances, steps) -> str:
-    """`a -> b -> a` for waits alone; `a -> b (runs after) -> a` where a step is serial order."""
-    out = str(instances[steps[0][0]])
-    for _, waited, edge in steps:
-        out += f" -> {instances[waited]}" + (" (runs first on its rank)" if edge is None else "")
-    return out
+def _same_instance(concrete: Concrete, a: int, b: int) -> bool:
+    return concrete.instance_of(a)[0] == concrete.instance_of(b)[0]
+
+
+def node_text(concrete: Concrete, node: int) -> str:
+    """`attn[0, 1]@rank0`, with `step 2` or `entry` for a node of an instance's loop."""
+    position, step = concrete.instance_of(node)
+    text = str(concrete.instances[position])
+    if step is None:
+        return text
+    return f"{text} {'before its loop' if step < 0 else f'at step {step}'}"
+
+
+def node_point(concrete: Concrete, node: int) -> Point:
+    position, step = concrete.instance_of(node)
+    instance = concrete.instances[position]
+    return Point(instance.family, tuple(instance.index), instance.rank, step)
 
 
 def ancestors(concrete: Concrete, successors, order) -> list[int]:
-    """Per instance, the bitset of the instances that happen before it through edges."""
-    count = len(concrete.instances)
+    """Per node (instance, or entry or step of one), the bitset of the nodes that happen before it
+    through edges and program order."""
+    count = concrete.node_count
     before = [0] * len(successors)
     for v in order:
         reach = before[v] | (1 << v if v < count else 0)
@@ -142,6 +166,7 @@ def find_races(concrete: Concrete, before: list[int]):
         lo = numpy.array([a.lo for a in accesses]).T
         hi = numpy.array([a.hi for a in accesses]).T
         who = numpy.array([a.instance for a in accesses])
+        node = [concrete.node_of(a) for a in accesses]
         family = numpy.array([family_of[a.instance] for a in accesses])
         write = numpy.array([a.write for a in accesses])
         adds = numpy.array([a.region in adding[family_of[a.instance]] for a in accesses])
@@ -157,7 +182,8 @@ def find_races(concrete: Concrete, before: list[int]):
             for row, other in zip(*numpy.nonzero(clash)):
                 first = int(w[row, 0])
                 a, b = int(who[first]), int(who[other])
-                if reported[family[first], family[other]] or (before[b] >> a) & 1 or (before[a] >> b) & 1:
+                na, nb = node[first], node[other]
+                if reported[family[first], family[other]] or (before[nb] >> na) & 1 or (before[na] >> nb) & 1:
                     continue
                 reported[family[first], family[other]] = reported[family[other], family[first]] = True
                 yield ("race", frozenset((names[family[first]], names[family[other]]))), _race(
@@ -179,8 +205,8 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
     else:
         waiter, waited, does, may = other, write, "reads", "write"
     a, b = concrete.instances[waiter.instance], concrete.instances[waited.instance]
-    witness = Race(where(concrete), tensor, write.copy, point(concrete.instances[write.instance]),
-                   point(concrete.instances[other.instance]), other.write,
+    witness = Race(where(concrete), tensor, write.copy, node_point(concrete, concrete.node_of(write)),
+                   node_point(concrete, concrete.node_of(other)), other.write,
                    tuple(map(max, write.lo, other.lo)), tuple(map(min, write.hi, other.hi)))
     message = f"{family_text(schedule, a.family)} {does} {tensor} while {family_text(schedule, b.family)} " \
               f"may still {may} it"
@@ -192,7 +218,12 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                 f"give each instance its own region, or chain them: {hint}")
     elif a.rank != b.rank:
         hint += " @ every rank"
+    step = concrete.instance_of(concrete.node_of(waiter))[1]
+    if step is not None and step >= 0:
+        # the read happens in a step of a loop: that step's `wait` is what orders it
+        hint = f"wait for it in the loop, before the step reads it: `wait {b.family}[...]`"
+    at_a, at_b = node_text(concrete, concrete.node_of(waiter)), node_text(concrete, concrete.node_of(waited))
     return error(f"race: {message}", waiter.region.span, hint=hint,
-                 notes=[Note(f"'{b.family}' {may}s {tensor} here: {a} and {b} touch the same elements, "
+                 notes=[Note(f"'{b.family}' {may}s {tensor} here: {at_a} and {at_b} touch the same elements, "
                              f"ordered by no edge (at {sizes_text(concrete)})", waited.region.span)],
                  witness=witness)

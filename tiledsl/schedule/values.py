@@ -7,20 +7,51 @@ import difflib
 
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
-from tiledsl.tables import BINARY, NAMED, SPELLINGS
+from tiledsl.tables import BINARY, COMPARISONS, FUNCTIONS, INTEGER_CLOSED, NAMED, SPELLINGS
+
+INTEGER = "int32"  # the dtype of sizes, indices and masks' positions inside a tile
+BOOL = "bool"      # of a comparison: only `where` takes it
+FLOAT = "float32"  # of everything a tile computes
 
 
 def same(a: sympy.Expr, b: sympy.Expr) -> bool:
     return a == b or sympy.simplify(a - b) == 0
 
 
+def one(size) -> bool:
+    """A dimension of size 1 as written (a row statistic's, `rows(n)`'s second): no algebra needed."""
+    return sympy.sympify(size) == 1
+
+
+def squeezed(shape) -> tuple:
+    """A shape without its dimensions of size 1: [BM, 1] stores into a region of shape [BM]."""
+    return tuple(d for d in shape if not one(d))
+
+
+def integral(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
 def shape_text(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _children(e):
+    if isinstance(e, ast.BinOp):
+        return (e.left, e.right)
+    if isinstance(e, ast.Neg):
+        return (e.operand,)
+    if isinstance(e, ast.Call):
+        return e.args
+    return ()
 
 
 class ValueBuilder:
     def __init__(self, builder):
         self.b = builder
+        # the value names of the tile being built (tile_body.py binds them): name -> (shape, dtype)
+        self.locals: dict[str, tuple[tuple, str]] = {}
+        self.gone: dict[str, str] = {}  # names that no longer hold a value here, and why
 
     # ---- regions --------------------------------------------------------------------------------
     def region(self, expr: ast.Expr, scope, writing: bool = False) -> ir.Region | None:
@@ -140,29 +171,59 @@ class ValueBuilder:
 
     # ---- tiles ----------------------------------------------------------------------------------
     def tile(self, decl: ast.TileDecl, scope, space, engine) -> ir.Family | None:
-        stores, reads, loops = [], [], {}
-        for assign in decl.body:
-            target = self.region(assign.target, scope, writing=True)
-            built = self.value(assign.value, scope, reads, loops)
-            if target is None or built is None:
-                continue
-            value, shape, dtype = built
-            if shape and not (len(shape) == len(target.shape) and all(map(same, shape, target.shape))):
-                self.b.fail(f"the value has shape {shape_text(shape)} but its target "
-                            f"'{target.tensor}' slice has {shape_text(target.shape)}", assign.span)
-                continue
-            stores.append(ir.Store(target, value, dtype, target.shape))
-        return ir.Family(decl.name.id, ir.Kind.TILE, space, engine, tuple(reads),
-                         tuple(s.target for s in stores), stores=tuple(stores), span=decl.span,
-                         loops=tuple(loops.items()))
+        from tiledsl.schedule.tile_body import TileBody
+        body = TileBody(self, decl, scope)
+        family = body.build(space, engine)
+        self.b.pending_waits.extend((family.name, *wait) for wait in body.waits)
+        return family
+
+    def fits(self, shape, target: ir.Region, span) -> bool:
+        """A value stores into a region of its shape (dimensions of size 1 aside); a scalar into any."""
+        if not shape or (len(squeezed(shape)) == len(squeezed(target.shape))
+                         and all(map(same, squeezed(shape), squeezed(target.shape)))):
+            return True
+        self.b.fail(f"the value has shape {shape_text(shape)} but its target "
+                    f"'{target.tensor}' slice has {shape_text(target.shape)}", span)
+        return False
+
+    def sized(self, expr: ast.Expr, scope) -> bool:
+        """Whether an expression is a size: integer arithmetic (+ - * / mod, cdiv, min, max) of sizes,
+        indices and the tile's size names, with a name in it (`1 / 3` is a value, a third)."""
+        def walk(e) -> bool:
+            if isinstance(e, ast.Num):
+                return isinstance(e.value, int)
+            if isinstance(e, ast.Name):
+                return e.id not in self.locals and e.id not in self.b.tensors and scope.lookup(e.id) is not None
+            if isinstance(e, ast.Neg):
+                return walk(e.operand)
+            if isinstance(e, ast.BinOp):
+                return e.op != "@" and walk(e.left) and walk(e.right)
+            if isinstance(e, ast.Call):
+                return e.func in ("cdiv", "min", "max") and len(e.args) == 2 and all(map(walk, e.args))
+            return False
+
+        def named(e) -> bool:
+            return isinstance(e, ast.Name) or any(named(c) for c in _children(e))
+        return walk(expr) and named(expr)
 
     def value(self, expr: ast.Expr, scope, reads: list, loops: dict):
         """(Value, shape, dtype) of a tile expression, or None after reporting why."""
+        if not isinstance(expr, ast.Name) and self.sized(expr, scope):
+            size = self.b.size(expr, scope)
+            return None if size is None else (ir.Scalar(size), (), INTEGER)
         if isinstance(expr, ast.Num):
-            return ir.Scalar(expr.value), (), "float32"
+            return ir.Scalar(expr.value), (), FLOAT if isinstance(expr.value, float) else INTEGER
+        if isinstance(expr, ast.Name) and expr.id in self.locals:
+            shape, dtype = self.locals[expr.id]
+            return ir.Local(expr.id), shape, dtype
+        if isinstance(expr, ast.Name) and expr.id in self.gone and scope.lookup(expr.id) is None:
+            self.b.fail(self.gone[expr.id], expr.span)
+            return None
+        if isinstance(expr, ast.Name) and expr.id == "inf":
+            return ir.Scalar(float("inf")), (), FLOAT
         if isinstance(expr, ast.Name) and expr.id not in self.b.tensors:
             size = self.b.size(expr, scope)
-            return None if size is None else (ir.Scalar(size), (), "float32")
+            return None if size is None else (ir.Scalar(size), (), INTEGER)
         if isinstance(expr, (ast.Name, ast.Subscript, ast.Peer)):
             region = self.region(expr, scope)
             if region is None:
@@ -171,7 +232,24 @@ class ValueBuilder:
             return ir.Load(region), region.shape, self.b.tensors[region.tensor].dtype
         if isinstance(expr, ast.Neg):
             inner = self.value(expr.operand, scope, reads, loops)
+            if inner is not None and isinstance(inner[0], ir.Scalar) and isinstance(inner[0].value, (int, float)):
+                return ir.Scalar(-inner[0].value), (), inner[2]  # -inf, -1e30: a number, not a negation
             return None if inner is None else (ir.Map("neg", (inner[0],)), inner[1], inner[2])
+        if isinstance(expr, ast.Transpose):
+            inner = self.value(expr.operand, scope, reads, loops)
+            if inner is None:
+                return None
+            if len(inner[1]) != 2:
+                self.b.fail(f"'.T' transposes a 2-D value; this one has shape {shape_text(inner[1])}", expr.span)
+                return None
+            return ir.Transpose(inner[0]), (inner[1][1], inner[1][0]), inner[2]
+        if isinstance(expr, ast.Compare):
+            left = self.value(expr.left, scope, reads, loops)
+            right = self.value(expr.right, scope, reads, loops)
+            if left is None or right is None:
+                return None
+            shape = self.broadcast(left[1], right[1], expr.span)
+            return None if shape is None else (ir.Map(BINARY[expr.op], (left[0], right[0])), shape, BOOL)
         if isinstance(expr, ast.BinOp):
             if expr.op == "mod":
                 self.b.fail("'mod' applies to sizes and indices, not to tensor values", expr.span)
@@ -183,7 +261,11 @@ class ValueBuilder:
             if expr.op == "@":
                 return self.matmul(expr, left, right)
             shape = self.broadcast(left[1], right[1], expr.span)
-            return None if shape is None else (ir.Map(BINARY[expr.op], (left[0], right[0])), shape, "float32")
+            if shape is None or not self.numbers(expr.span, left, right):
+                return None
+            func = BINARY[expr.op]
+            dtype = INTEGER if func in INTEGER_CLOSED and integral(left[2]) and integral(right[2]) else FLOAT
+            return ir.Map(func, (left[0], right[0])), shape, dtype
         if isinstance(expr, ast.Call):
             return self.call(expr, scope, reads, loops)
         if isinstance(expr, ast.RankSum):
@@ -196,12 +278,19 @@ class ValueBuilder:
                 return None
             loops[var] = extent
             body = self.value(expr.body, scope.child(**{expr.var.id: var}), reads, loops)
-            return None if body is None else (ir.Reduce(var, extent, body[0]), body[1], "float32")
+            return None if body is None else (ir.Reduce(var, extent, body[0], expr.op), body[1], FLOAT)
         self.b.fail("expected a tensor value", expr.span)
         return None
 
+    def numbers(self, span, *args) -> bool:
+        """Arithmetic takes numbers: a comparison's booleans go only into `where`."""
+        if any(a[2] == BOOL for a in args):
+            self.b.fail("a comparison gives booleans, which only `where(condition, a, b)` takes", span)
+            return False
+        return True
+
     def matmul(self, expr: ast.BinOp, left, right):
-        (a, sa, _), (b, sb, _) = left, right
+        (a, sa, da), (b, sb, db) = left, right
         if len(sa) != 2 or len(sb) != 2:
             self.b.fail(f"'@' multiplies two matrices; its operands have shapes {shape_text(sa)} and "
                         f"{shape_text(sb)}", expr.span)
@@ -210,25 +299,43 @@ class ValueBuilder:
             self.b.fail(f"the inner dimensions of '@' differ: {shape_text(sa)} @ {shape_text(sb)}", expr.span,
                         hint=f"{sa[1]} must equal {sb[0]}")
             return None
-        if not isinstance(a, ir.Load) or not isinstance(b, ir.Load):
-            self.b.fail("'@' multiplies tensor slices directly (epilogues go around the product)", expr.span)
+        if da != db:
+            # tl.dot multiplies operands of one type: a computed float32 block against a bf16 slice would
+            # be rounded silently on one side; the program says which
+            self.b.fail(f"'@' multiplies {da} by {db}: its operands must have one dtype", expr.span,
+                        hint=f"cast the {'left' if da == FLOAT else 'right'} one, e.g. "
+                             f"{(db if da == FLOAT else da).replace('bfloat16', 'bf16')}(p) @ V[...]")
             return None
-        return ir.MatMul(a, b), (sa[0], sb[1]), "float32"
+        if integral(da) or da == BOOL:
+            self.b.fail(f"'@' multiplies floating-point values, not {da}", expr.span)
+            return None
+        return ir.MatMul(a, b), (sa[0], sb[1]), FLOAT
 
     def broadcast(self, sa, sb, span):
+        """Trailing dimensions match, or one of them is 1 (a row statistic [m, 1] against [m, n])."""
         if not sa:
             return sb
         if not sb:
             return sa
         longer, shorter = (sa, sb) if len(sa) >= len(sb) else (sb, sa)
         tail = longer[len(longer) - len(shorter):]
-        if all(map(same, tail, shorter)):
-            return longer
-        self.b.fail(f"shapes {shape_text(sa)} and {shape_text(sb)} do not match", span)
-        return None
+        out = list(longer[:len(longer) - len(shorter)])
+        for a, b in zip(tail, shorter):
+            if one(b):
+                out.append(a)
+            elif one(a):  # before `same`: simplify is slow, and a size 1 against a symbol is no equality
+                out.append(b)
+            elif same(a, b):
+                out.append(a)
+            else:
+                self.b.fail(f"shapes {shape_text(sa)} and {shape_text(sb)} do not match", span)
+                return None
+        return tuple(out)
 
     def call(self, call: ast.Call, scope, reads, loops):
         func = call.func
+        if func in ("rows", "cols"):
+            return self.iota(call, scope)
         args = [self.value(a, scope, reads, loops) for a in call.args]
         if any(a is None for a in args):
             return None
@@ -239,7 +346,7 @@ class ValueBuilder:
             return ir.Map("cast:" + SPELLINGS[func], (args[0][0],)), args[0][1], SPELLINGS[func]
         function = NAMED.get(func)
         if function is None:
-            known = sorted(list(NAMED) + list(SPELLINGS))
+            known = sorted(list(NAMED) + list(SPELLINGS) + ["rows", "cols"])
             guess = difflib.get_close_matches(func, known, n=1)
             self.b.fail(f"unknown function '{func}'", call.span,
                         hint=f"did you mean '{guess[0]}'?" if guess else "functions: " + ", ".join(known))
@@ -256,7 +363,72 @@ class ValueBuilder:
                             f"got {shape_text(w_shape)}", call.span)
                 return None
             return ir.Map(func, tuple(a[0] for a in args)), x_shape, "float32"
+        if function.reduces:
+            if len(args[0][1]) != 2 or not self.numbers(call.span, args[0]):
+                if len(args[0][1]) != 2:
+                    self.b.fail(f"{func}() reduces each row of a 2-D value; this one has shape "
+                                f"{shape_text(args[0][1])}", call.span)
+                return None
+            return ir.Map(func, (args[0][0],)), (args[0][1][0], sympy.Integer(1)), FLOAT
+        if func == "where":
+            if args[0][2] != BOOL:
+                self.b.fail("where(condition, a, b) takes a comparison first: where(k <= q, s, -inf)", call.span)
+                return None
+            choices = args[1:]
+        else:
+            choices = args
+        if not self.numbers(call.span, *choices):
+            return None
         shape = args[0][1]
         for other in args[1:]:
             shape = None if shape is None else self.broadcast(shape, other[1], call.span)
-        return None if shape is None else (ir.Map(func, tuple(a[0] for a in args)), shape, "float32")
+        dtype = INTEGER if func in INTEGER_CLOSED and all(integral(a[2]) for a in choices) else FLOAT
+        return None if shape is None else (ir.Map(func, tuple(a[0] for a in args)), shape, dtype)
+
+    def iota(self, call: ast.Call, scope):
+        """`rows(n)`: the column [n, 1] of 0 .. n-1; `cols(n)`: the row [1, n]."""
+        if len(call.args) != 1:
+            self.b.fail(f"{call.func}(n) takes one size", call.span)
+            return None
+        size = self.b.size(call.args[0], scope)
+        if size is None:
+            return None
+        if size.free_symbols & set(scope.indices.values()):
+            self.b.fail(f"{call.func}(n): n is a block's size, which may not depend on an index", call.span)
+            return None
+        axis = 0 if call.func == "rows" else 1
+        shape = (size, sympy.Integer(1)) if axis == 0 else (sympy.Integer(1), size)
+        return ir.Iota(size, axis), shape, INTEGER
+
+
+def value_shape(value: ir.Value, names: dict) -> tuple:
+    """The shape of an IR value, given the shapes of the tile's names: what the builder gave it (its
+    operands broadcast, a row reduction [m, 1], a product [m, n]), for code generation to read back."""
+    if isinstance(value, ir.Load):
+        return value.region.shape
+    if isinstance(value, ir.Scalar):
+        return ()
+    if isinstance(value, ir.Local):
+        return tuple(names[value.name])
+    if isinstance(value, ir.Iota):
+        return (value.size, sympy.Integer(1)) if value.axis == 0 else (sympy.Integer(1), value.size)
+    if isinstance(value, ir.Transpose):
+        inner = value_shape(value.value, names)
+        return (inner[1], inner[0])
+    if isinstance(value, ir.MatMul):
+        return (value_shape(value.left, names)[0], value_shape(value.right, names)[1])
+    if isinstance(value, ir.Reduce):
+        return value_shape(value.body, names)
+    if not value.func.startswith("cast:") and FUNCTIONS[value.func].reduces:
+        return (value_shape(value.args[0], names)[0], sympy.Integer(1))
+    if not value.func.startswith("cast:") and FUNCTIONS[value.func].rows:
+        return value_shape(value.args[0], names)
+    shape: tuple = ()
+    for arg in value.args:
+        other = value_shape(arg, names)
+        if len(other) > len(shape):
+            shape, other = other, shape
+        tail = shape[len(shape) - len(other):]
+        merged = tuple(b if one(a) else a for a, b in zip(tail, other))
+        shape = shape[:len(shape) - len(other)] + merged
+    return shape

@@ -9,13 +9,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Point:
-    """One instance of a family, run by one rank."""
+    """One instance of a family, run by one rank; for a tile with a loop, maybe one part of it: the
+    step of its loop (-1: before the loop), None for the whole instance (or what follows its loop)."""
     family: str
     index: tuple[int, ...]
     rank: int
+    step: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.family}[{', '.join(map(str, self.index))}]@rank{self.rank}"
+        text = f"{self.family}[{', '.join(map(str, self.index))}]@rank{self.rank}"
+        return text if self.step is None else text + (" before its loop" if self.step < 0 else f" step {self.step}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,349 @@
+"""Lowering of a tile written as a block (tile_body.py): values of several shapes, each a block of
+its own ([BM, D] queries, [BN, D] keys, [BM, BN] scores, [BM, 1] row statistics), matrix products as
+plain `tl.dot` on loaded blocks, the program's names kept as the kernel's, one loop whose carried
+state is a Triton loop-carried value, and the waits of each step at the top of the step.
+
+A value's block has a power of two per axis of at least 16 (what tl.dot takes), launch-time where
+the size is known only at launch; where a block is larger than its size, the padding is masked out
+of the two things that mix elements across an axis: a row reduction and a product's contraction."""
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from tiledsl.codegen import body as b
+from tiledsl.runtime.specs import pow2_at_least
+from tiledsl.schedule import ir
+from tiledsl.schedule.values import value_shape
+from tiledsl.tables import FUNCTIONS
+
+MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
+# names the kernel template gives itself around a family's statements: never a statement's
+TEMPLATE_NAMES = {"tds_t", "tds_inst", "tds_part", "tds_k", "tds_a", "tds_b", "tds_first", "tds_last", "tds_step",
+                  "tds_r", "tds_c", "tds_r0", "tds_c0", "tds_block", "tds_inside", "tds_peer", "tds_pid",
+                  "tds_epoch", "tds_program", "tds_programs", "tds_rank", "tds_wpart"}
+
+
+def lower_block(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], kernel, step_waits) -> b.TileBody:
+    return _Block(schedule, family, consts, kernel, tuple(step_waits)).lower()
+
+
+def exotic(value) -> bool:
+    """A value only this lowering handles (the one-block tile lowering does not)."""
+    if isinstance(value, (ir.Local, ir.Iota, ir.Transpose)):
+        return True
+    if isinstance(value, ir.MatMul):
+        return not (isinstance(value.left, ir.Load) and isinstance(value.right, ir.Load))
+    if isinstance(value, ir.Reduce):
+        return value.op != "sum" or exotic(value.body)
+    if isinstance(value, ir.Map):
+        function = FUNCTIONS.get(value.func)
+        return (function is not None and function.reduces) or value.func == "where" or \
+            any(exotic(a) for a in value.args)
+    return False
+
+
+class _Block:
+    def __init__(self, schedule, family, consts, kernel, step_waits):
+        self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
+        self.step_waits = step_waits
+        self.names: set[str] = set(TEMPLATE_NAMES)
+        self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time blocks: name, the size it covers
+        self.block_of: dict = {}
+        self.aranges: dict[tuple, str] = {}
+        self.head: list = []                            # the aranges, first in the body
+        self.dot_only = _dot_only_names(family)
+        self.shapes: dict[str, tuple] = {}              # each name's shape where it was last bound
+
+    # ---- names and blocks ---------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        base = f"tds_{hint}"
+        name, n = base, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}{n}"
+        self.names.add(name)
+        return name
+
+    def block(self, size) -> int | str:
+        """The block covering `size`: 1 for 1, else a power of two of at least MIN_BLOCK."""
+        size = sympy.sympify(size)
+        if size in self.block_of:
+            return self.block_of[size]
+        value = size.subs({ir.size_symbol(k): v for k, v in self.consts.items()})
+        if value.is_Integer:
+            found = 1 if int(value) == 1 else max(MIN_BLOCK, pow2_at_least(int(value)))
+        else:
+            found = f"tds_BLOCK_{self.family.name}_{len(self.blocks)}"
+            self.blocks.append((found, sympy.Max(MIN_BLOCK, size)))
+        self.block_of[size] = found
+        return found
+
+    def covers(self, size) -> bool:
+        block = self.block(size)
+        value = sympy.sympify(size).subs({ir.size_symbol(k): v for k, v in self.consts.items()})
+        return isinstance(block, int) and value.is_Integer and int(value) == block
+
+    def arange(self, size, axis: int, rank: int) -> str:
+        """The arange along one axis of a block of `rank` axes, made once per tile."""
+        block = self.block(size)
+        key = (block, axis, rank)
+        if key not in self.aranges:
+            tag = str(block).removeprefix(f"tds_BLOCK_{self.family.name}_")
+            kind = "e" if rank == 1 else "r" if axis == 0 else "c"
+            name = f"tds_{kind}{tag}" if isinstance(block, int) else f"tds_{kind}_b{tag}"
+            self.names.add(name)
+            self.aranges[key] = name
+            self.head.append(b.Arange(name, block, axis, rank))
+        return self.aranges[key]
+
+    # ---- statements ---------------------------------------------------------------------------------
+    def lower(self) -> b.TileBody:
+        out: list = []
+        self.statements(self.family.body or self.family.stores, out)
+        return b.TileBody(tuple(out), None, None, tuple(self.blocks), tuple(self.head))
+
+    def shape(self, value) -> tuple:
+        return value_shape(value, self.shapes)
+
+    def statements(self, statements, out: list, depth: int = 0) -> None:
+        """`depth` 0: the tile's own statements; 1: a step of its loop, whose waits it gets first."""
+        for statement in statements:
+            if isinstance(statement, ir.SizeLet):
+                out.append(b.Assign(statement.symbol.name, b.Scalar(self.k(statement.value), integer=True)))
+            elif isinstance(statement, ir.Let):
+                self.value(statement.value, out, into=statement.name)
+                self.shapes[statement.name] = statement.shape
+            elif isinstance(statement, ir.Loop):
+                for carried in statement.carried:
+                    if len(self.shapes.get(carried.name, ())) != len(carried.shape):  # a scalar start
+                        blocks = tuple(self.block(d) for d in carried.shape)
+                        out.append(b.Full(carried.name, blocks, carried.name))
+                    self.shapes[carried.name] = carried.shape
+                steps: list = []
+                self.statements(statement.body, steps, depth + 1)
+                waits = self.step_waits if depth == 0 else ()
+                # a step's waits come after the size names its waits use, before anything it reads
+                sizes = next((n for n, s in enumerate(statement.body) if not isinstance(s, ir.SizeLet)),
+                             len(statement.body))
+                steps[sizes:sizes] = waits
+                out.append(b.Loop(statement.var, self.k(statement.extent), tuple(steps), 1 if waits else None))
+                for carried in statement.carried:
+                    self.shapes[carried.name] = carried.shape
+            else:
+                value = self.value(statement.value, out)
+                out.append(b.Store(self.place(statement.target, self.shape(statement.value)), value))
+
+    # ---- values -------------------------------------------------------------------------------------
+    def value(self, value: ir.Value, out: list, into: str | None = None) -> b.Operand:
+        """Lower `value` into statements; its operand (a name, or a scalar). With `into`, the value ends
+        up under that name."""
+        operand = self._value(value, out, into)
+        if into is not None and operand != into:
+            out.append(b.Assign(into, operand))
+            return into
+        return operand
+
+    def _value(self, value, out, into):
+        folded = self.fold(value)
+        if folded is not None:
+            return b.Scalar(folded)
+        if isinstance(value, ir.Scalar):
+            if isinstance(value.value, float):
+                return b.Scalar(value.value)
+            return b.Scalar(self.k(sympy.sympify(value.value)), integer=True)
+        if isinstance(value, ir.Local):
+            return value.name
+        if isinstance(value, ir.Iota):
+            return self.arange(value.size, value.axis, 2)
+        if isinstance(value, ir.Load):
+            native = into in self.dot_only or not self.floating(value.region.tensor)
+            return self.load(value, native, out, into)
+        if isinstance(value, ir.Transpose):
+            inner = self.value(value.value, out)
+            name = into or self.fresh("trans")
+            out.append(b.Trans(name, inner))
+            return name
+        if isinstance(value, ir.MatMul):
+            return self.dot(value, out, into)
+        if isinstance(value, ir.Reduce):
+            return self.reduce(value, out, into)
+        return self.apply(value, out, into)
+
+    def floating(self, tensor: str) -> bool:
+        return self.schedule.tensors[tensor].dtype.startswith(("float", "bfloat"))
+
+    def load(self, value: ir.Load, native: bool, out: list, into: str | None) -> str:
+        shape = value.region.shape
+        name = into or self.fresh(value.region.tensor)
+        out.append(b.Load(name, self.place(value.region, shape), native))
+        return name
+
+    def apply(self, value: ir.Map, out: list, into: str | None) -> b.Operand:
+        args = [self.value(a, out) for a in value.args]
+        if value.func.startswith("cast:"):
+            name = into or self.fresh("cast")
+            out.append(b.Cast(name, value.func[5:], args[0]))
+            return name
+        function = FUNCTIONS[value.func]
+        if function.reduces:
+            width = self.shape(value.args[0])[1]
+            if not self.covers(width):
+                masked = self.fresh("masked")
+                out.append(b.Mask(masked, args[0], self.arange(width, 1, 2), self.k(width), function.identity))
+                args = [masked]
+        name = into or self.fresh(value.func)
+        out.append(b.Apply(name, value.func, tuple(args)))
+        return name
+
+    def dot(self, value: ir.MatMul, out: list, into: str | None) -> str:
+        sides = []
+        for side in (value.left, value.right):
+            operand, cast = self.dot_operand(side, out)
+            sides.append((operand, cast))
+        (left, left_cast), (right, right_cast) = sides
+        like = _tensor_of(value.left) or _tensor_of(value.right)
+        convert_left = like if left_cast and like else None
+        convert_right = like if right_cast and like else None
+        contraction = self.shape(value.left)[1]
+        if not self.covers(contraction):
+            masked = self.fresh("masked")
+            out.append(b.Mask(masked, left, self.arange(contraction, 1, 2), self.k(contraction), 0.0))
+            left = masked
+        name = into or self.fresh("dot")
+        out.append(b.Dot(name, left, right, convert_left, convert_right))
+        return name
+
+    def dot_operand(self, value, out: list) -> tuple[b.Operand, bool]:
+        """A product's operand, and whether it is computed (to be converted to the loaded operand's type)."""
+        if isinstance(value, ir.Load):
+            return self.load(value, True, out, None), False
+        if isinstance(value, ir.Transpose) and isinstance(value.value, ir.Load):
+            inner = self.load(value.value, True, out, None)
+            name = self.fresh("trans")
+            out.append(b.Trans(name, inner))
+            return name, False
+        if isinstance(value, ir.Local) and value.name in self.dot_only:
+            return value.name, False
+        return self.value(value, out), True
+
+    def reduce(self, value: ir.Reduce, out: list, into: str | None) -> str:
+        name = self.fresh("max" if value.op == "max" else "sum")
+        blocks = tuple(self.block(d) for d in self.shape(value))
+        if value.op == "max":
+            out.append(b.Full(name, blocks, b.Scalar(float("-inf"))))
+        else:
+            out.append(b.Zeros(name, blocks))
+        inner: list = []
+        term = self.value(value.body, inner)
+        inner.append(b.Accumulate(name, term, value.op))
+        out.append(b.Loop(value.var, self.k(value.extent), tuple(inner)))
+        if into is not None:
+            out.append(b.Assign(into, name))
+            return into
+        return name
+
+    def fold(self, value) -> float | None:
+        """A value of numbers and const sizes only, computed now: `1.4426950408889634 / sqrt(D)`."""
+        if isinstance(value, ir.Scalar):
+            number = sympy.sympify(value.value).subs({ir.size_symbol(k): v for k, v in self.consts.items()})
+            return float(number) if number.is_number and not isinstance(value.value, float) and \
+                not number.is_Integer else None
+        if not isinstance(value, ir.Map) or value.func.startswith("cast:") or value.func not in FUNCTIONS:
+            return None
+        if FUNCTIONS[value.func].reduces or value.func in ("where", "rmsnorm"):
+            return None
+        numbers = []
+        for arg in value.args:
+            if isinstance(arg, ir.Scalar):
+                number = sympy.sympify(arg.value).subs({ir.size_symbol(k): v for k, v in self.consts.items()})
+                if not number.is_number:
+                    return None
+                numbers.append(float(number))
+            else:
+                inner = self.fold(arg)
+                if inner is None:
+                    return None
+                numbers.append(inner)
+        import torch
+        result = FUNCTIONS[value.func].torch(*(torch.tensor(n, dtype=torch.float64) for n in numbers))
+        number = float(result)
+        return number if math.isfinite(number) or math.isinf(number) else None
+
+    # ---- places -------------------------------------------------------------------------------------
+    def place(self, region: ir.Region, shape) -> b.Place:
+        """A region as a block of `shape`: each kept dimension of size other than 1 along the next axis
+        of the value not of size 1 (a [BM, 1] statistic stores into a region of shape [BM])."""
+        tensor = self.schedule.tensors[region.tensor]
+        shape = tuple(shape or ())
+        rank = len(shape)
+        names = tuple("" if self.block(size) == 1 else self.arange(size, axis, rank) for axis, size in enumerate(shape))
+        dims, axis = [], 0
+        for n, dim in enumerate(region.dims):
+            stride = self.k(sympy.Mul(*tensor.shape[n + 1:]))
+            bound = self.k(tensor.shape[n])
+            if not dim.kept or dim.size == 1:
+                if dim.kept and axis < rank and shape[axis] == 1:
+                    axis += 1
+                dims.append(b.Dim(self.k(dim.start), stride, bound))
+                continue
+            while axis < rank and shape[axis] == 1:
+                axis += 1
+            block = self.block(shape[axis])
+            clip = None if self.covers(dim.size) and self.block(dim.size) == block else self.k(dim.size)
+            dims.append(b.Dim(self.k(dim.start), stride, bound, axis, block, clip))
+            axis += 1
+        owner = None if region.owner is None else self.k(region.owner)
+        return b.Place(region.tensor, owner, tuple(dims), rank, names)
+
+
+def _dot_only_names(family: ir.Family) -> set[str]:
+    """Names bound to a loaded slice that only products read (directly or transposed): loaded in the
+    tensor's own dtype, as tl.dot wants them; anything else reads float32."""
+    loaded, uses = set(), {}
+
+    def walk(value, in_dot: bool):
+        if isinstance(value, ir.Local):
+            uses.setdefault(value.name, []).append(in_dot)
+        elif isinstance(value, ir.MatMul):
+            walk(value.left, True)
+            walk(value.right, True)
+        elif isinstance(value, ir.Transpose):
+            walk(value.value, in_dot)
+        elif isinstance(value, ir.Map):
+            for a in value.args:
+                walk(a, False)
+        elif isinstance(value, ir.Reduce):
+            walk(value.body, False)
+
+    def statements(items):
+        for s in items:
+            if isinstance(s, ir.Let):
+                if isinstance(s.value, ir.Load):
+                    loaded.add(s.name)
+                walk(s.value, False)
+            elif isinstance(s, ir.Loop):
+                statements(s.body)
+            else:
+                walk(s.value, False)
+    statements(family.body)
+    rebound = {s.name for s in _all_lets(family.body) if not isinstance(s.value, ir.Load)}
+    return {n for n in loaded - rebound if uses.get(n) and all(uses[n])}
+
+
+def _all_lets(items):
+    for s in items:
+        if isinstance(s, ir.Let):
+            yield s
+        elif isinstance(s, ir.Loop):
+            yield from _all_lets(s.body)
+
+
+def _tensor_of(value) -> str | None:
+    """The tensor a product's operand was loaded from, if it was."""
+    if isinstance(value, ir.Transpose):
+        return _tensor_of(value.value)
+    if isinstance(value, ir.Load):
+        return value.region.tensor
+    return None
