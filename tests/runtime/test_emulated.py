@@ -30,7 +30,7 @@ from tiledsl.runtime.run_program import (
     run_emulated,
 )
 from tiledsl.schedule.check import _concrete_findings
-from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols
+from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols, size_values
 
 pytestmark = pytest.mark.emulated
 
@@ -73,8 +73,7 @@ def small_sizes(schedule, world: int) -> dict[str, int]:
     for param in schedule.params:
         while sizes[param] // 2 >= floor:
             smaller = {**sizes, param: sizes[param] // 2}
-            values = (*(smaller[p] for p in schedule.params), *schedule.consts.values(), world)
-            if not all(holds(*values)):
+            if not all(holds(*size_values(schedule, world, smaller))):
                 break
             concrete, least, cut = shape_of(smaller)
             if any(least[key] < min(2, n) for key, n in default_least.items()) or not cut <= default_cut:
@@ -329,7 +328,7 @@ def test_every_call_runs_on_fresh_inputs_and_is_checked(monkeypatch):
     path = ROOT / "programs" / "copy.tds"
     schedule = program_schedule(path)
 
-    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s):
+    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s, nodes=None):
         assert len(calls) == 2 and not torch.equal(calls[0][0]["X"], calls[1][0]["X"])  # fresh inputs
         first = [Reference(schedule, world, {"N": 2048}).run(calls[0])[rank] for rank in range(world)]
         return [[{"Y": first[rank]["Y"].float().numpy()}] * 2 for rank in range(world)]

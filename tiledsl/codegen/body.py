@@ -213,6 +213,12 @@ class Wait:
     loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
     slot: sympy.Expr
     exists: sympy.Expr                                  # sympy.true where the instance always exists
+    shmem: bool = False                                 # NVSHMEM writes the slot: its own wait follows
+
+    @property
+    def guard_in_loop(self) -> bool:
+        """The existence test depends on a loop's variable (`@ (r for s in n)`): it goes inside."""
+        return bool(sympy.sympify(self.exists).free_symbols & {var for var, _ in self.loops})
 
 
 @dataclass(frozen=True)
@@ -257,8 +263,23 @@ class Put:
     split: int
 
 
+@dataclass(frozen=True)
+class Get:
+    """An NVSHMEM get: part `tds_part` of `split` of whole rows of `owner`'s copy of `source` into this
+    rank's `target` (getmem_block: the rows are here when it returns); the family notifies after it."""
+    family: str
+    source: str
+    source_start: sympy.Expr
+    owner: sympy.Expr
+    target: str
+    target_start: sympy.Expr
+    rows: sympy.Expr
+    cols: sympy.Expr
+    split: int
+
+
 Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
-                  Copy, Put, Arange, Assign, Full, Trans, Dot, Mask]
+                  Copy, Put, Get, Arange, Assign, Full, Trans, Dot, Mask]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------
@@ -436,10 +457,16 @@ def chunk_body(schedule: ir.Schedule, family: ir.Family, kernel: Callable[[sympy
         raise LoweringError(f"chunk '{family.name}': regions of {len(kept)} kept dimensions are not supported")
     rows = kernel(kept[0].size)
     cols = kernel(kept[1].size) if len(kept) == 2 else None
+    if family.engine.kind is ir.EngineKind.NVSHMEM and not family.puts:
+        return Get(family.name, source.tensor, kernel(_row_start(schedule, family, source)), kernel(source.owner),
+                   target.tensor, kernel(_row_start(schedule, family, target)),
+                   kernel(_rows_put(schedule, family, source, target)),
+                   cols if cols is not None else sympy.Integer(1), family.split)
     if family.engine.kind is ir.EngineKind.NVSHMEM:
         owner = None if source.owner is None else kernel(source.owner)
         return Put(family.name, source.tensor, owner, kernel(_row_start(schedule, family, source)), target.tensor,
-                   kernel(_row_start(schedule, family, target)), kernel(target.owner), rows,
+                   kernel(_row_start(schedule, family, target)), kernel(target.owner),
+                   kernel(_rows_put(schedule, family, source, target)),
                    cols if cols is not None else sympy.Integer(1), family.split)
     block = BLOCK_2D if len(kept) == 2 else (BLOCK_1D,)
     return Copy(_copy_place(schedule, source, kernel), _copy_place(schedule, target, kernel), rows, cols, block,
@@ -459,8 +486,25 @@ def _copy_place(schedule: ir.Schedule, region: ir.Region, kernel) -> Place:
     return Place(region.tensor, None if region.owner is None else kernel(region.owner), tuple(dims), axis)
 
 
+def _rows_put(schedule: ir.Schedule, family: ir.Family, source: ir.Region, target: ir.Region) -> sympy.Expr:
+    """The rows a put or get moves: those of its first kept dimension that exist in both regions (a `+n` slice
+    is clipped at the end of its dimension, as a copy's mask clips it), none where both lie past the end.
+    Unclipped where the region provably ends inside the tensor at every instance."""
+    from tiledsl.schedule.meaning import largest_value
+    known = {**dict(family.indices), ir.RANK: ir.WORLD, ir.NODE: ir.NODES, ir.LOCAL_RANK: ir.LOCAL_WORLD}
+    size = next(d.size for d in source.dims if d.kept)
+    rows = size
+    for region in (source, target):
+        n, dim = next((n, d) for n, d in enumerate(region.dims) if d.kept)
+        extent = schedule.tensors[region.tensor].shape[n]
+        last = largest_value(dim.start, known) if dim.start.free_symbols & set(known) else dim.start
+        if last is None or not sympy.simplify(extent - last - size).is_nonnegative:
+            rows = sympy.Min(rows, sympy.Max(0, extent - dim.start))
+    return rows
+
+
 def _row_start(schedule: ir.Schedule, family: ir.Family, region: ir.Region) -> sympy.Expr:
-    """An nvshmem put moves one contiguous range: whole rows of a row-major tensor, from this element."""
+    """An nvshmem put or get moves one contiguous range: whole rows of a row-major tensor, from here."""
     tensor = schedule.tensors[region.tensor]
     kept = [n for n, d in enumerate(region.dims) if d.kept]
     for n in kept[1:] + list(range(kept[-1] + 1, len(region.dims))):

@@ -31,7 +31,7 @@ def _environment() -> jinja2.Environment:
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
                        dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
-                       always=always, slot=slot_code, comment=comment, string=string)
+                       always=always, plus=plus, slot=slot_code, comment=comment, string=string)
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
                        FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env
@@ -52,6 +52,12 @@ def kernel_code(expr, names: dict | None = None) -> str:
 
 def host_code(expr, names: dict | None = None) -> str:
     return code(expr, kernel=False, names=names)
+
+
+def plus(expr) -> str:
+    """` + expr` in kernel code, nothing for 0: an offset added to a pointer."""
+    expr = sympy.sympify(expr)
+    return "" if expr == 0 else f" + {kernel_code(expr)}"
 
 
 def always(expr) -> bool:
@@ -265,7 +271,12 @@ def string(text: str, indent: int) -> str:
 
 
 def unpack(plan: KernelPlan) -> str:
-    """Host functions' first lines: the sizes as local names."""
-    names = list(plan.params) + ["rank", "world"] + list(plan.consts)
-    return "\n".join(f"    {n} = tds_env[{n!r}]" for n in names)
+    """Host functions' first lines: the sizes as local names, and the rank's node and place in it as
+    the IR defines them."""
+    topology = ["nodes", "local_world"] if plan.spans_nodes else []
+    names = list(plan.params) + ["rank", "world"] + topology + list(plan.consts)
+    lines = [f"    {n} = tds_env[{n!r}]" for n in names]
+    if plan.spans_nodes:
+        lines += [f"    {symbol} = {host_code(value)}" for symbol, value in ir.RANK_PARTS.items()]
+    return "\n".join(lines)
 
