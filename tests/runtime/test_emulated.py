@@ -127,6 +127,26 @@ def test_a_tile_index_with_a_negative_numerator_floors_in_the_kernel(tmp_path, i
     assert verdict.ok, verdict.line()
 
 
+def test_a_copy_engine_wait_on_a_row_past_the_producer_waits_on_nothing(tmp_path):
+    """Found by the differential test (seed 3094894359): pull[1] names load[2] at N = 6, where load has
+    rows 0..1; the stream's waits followed the edge without the meaning's guard and indexed past the
+    producer's counts. No instance there means no wait, on the stream as in the kernel."""
+    (path := tmp_path / "gen_pull.tds").write_text(textwrap.dedent("""\
+        program gen_pull
+        param N
+        const B3 = 3
+        in X : f32[N]
+        out Y : f32[N]
+        symm T : f32[N]
+        tile load[i in cdiv(N, B3)] on sms(2): T[i*B3 : +B3] = X[i*B3 : +B3]
+        chunk pull[i in cdiv(N, 4)] on copy_engine: T@rank[i*4 : +4] -> Y[i*4 : +4]
+        load[i] after load[i - 1]
+        pull[i] after load[(i*4)/B3], load[(i*4 + 3)/B3]
+        """))
+    (verdict,) = run_emulated(os.fspath(path), 2, sizes={"N": 6})
+    assert verdict.ok, verdict.line()
+
+
 # ---- known limits of the interpreter --------------------------------------------------------------
 
 def test_bf16_runs_as_float32_and_the_verdict_says_so(tmp_path):

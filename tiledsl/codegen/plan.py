@@ -54,11 +54,13 @@ class HostRegion:
 
 @dataclass(frozen=True)
 class HostWait:
-    """The communication stream waits until `producer`'s count of row `row` reaches `count`."""
+    """The communication stream waits until `producer`'s count of row `row` reaches `count`, where
+    `exists` (the row is one of the producer's: otherwise the edge names nothing and there is no wait)."""
     edge: int
     producer: str
     row: sympy.Expr
     count: sympy.Expr
+    exists: sympy.Basic = sympy.true
 
 
 @dataclass(frozen=True)
@@ -353,7 +355,7 @@ def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
                 f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; "
                 f"`{edge.producer}` at {source_line(schedule, edge.span)} is not one")
         count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
-        waits.append(HostWait(number, producer.name, first, count))
+        waits.append(HostWait(number, producer.name, first, count, meaning.target(schedule, edge).exists))
 
     def region(r: ir.Region) -> HostRegion:
         return HostRegion(r.tensor, r.owner, tuple((d.start, d.size if d.kept else None) for d in r.dims))
