@@ -4,8 +4,10 @@
 #                                        ops (tiledsl.ops checks, teardown) block (ops vs torch, tp_block)
 #                                        attention (SP prefill and decode: checks, then benchmarks, at
 #                                        ATTENTION_WORLDS, default 2) moe (MoE checks and benchmark, world 2)
+#                                        nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
-#                                        the build unpacked in .baseline/, carried to the machine)
+#                                        the build unpacked in .baseline/, carried to the machine; nodes runs
+#                                        the two-level programs on GPUs posing as TILEDSL_NODES=2 nodes)
 # Logs and JSON go to $OUT (or bench/results/); a short table is printed last. With PACK=FILE.tgz
 # they are also packed into one file after every stage (the device returns at most 8 files, and a
 # command stopped at its time limit still returns what was packed). WORLDS=4 picks the worlds run
@@ -92,6 +94,11 @@ for stage in $stages; do
         echo "rebuild: no .baseline/ (the build to compare against: git archive COMMIT tiledsl programs)"; status=1
       fi ;;
     variants) run gemm_variants 200 python3 bench/experiments/gemm_variants.py ;;
+    nodes)  # the GPUs pose as 2 nodes (2 x 1 on 2 GPUs): ranks on the two halves talk only through NVSHMEM
+      w=${NODES_WORLD:-2}
+      run "nodes_checks_world$w" 300 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" tests/gpu/nodes_checks.py
+      run "nodes_world$w" 300 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" bench/bench_nodes.py
+      run "nodes_mlp_world$w" 120 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" examples/nodes_mlp.py ;;
     *) echo "unknown stage $stage"; status=1; rows+=("$(printf '%-28s %5s' "$stage" "?")") ;;
   esac
   [ -n "${PACK:-}" ] && (cd "$OUT" && find . -type f -newer .started -print0 | tar czf "$PACK" --null -T -)

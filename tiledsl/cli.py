@@ -136,7 +136,7 @@ def cmd_trace(args) -> int:
         sizes = dict(_assignment(s) for s in args.size)
         gpu = "WORLD_SIZE" in os.environ and not args.emulate
         found = timeline.trace_gpu(args.file, sizes) if gpu else \
-            timeline.trace_emulated(args.file, args.world, sizes)
+            timeline.trace_emulated(args.file, args.world, sizes, nodes=args.nodes)
         if found is None:  # a rank other than 0 under torchrun
             return OK
         out = args.output or str(Path(args.file).with_suffix(""))
@@ -291,6 +291,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("files", metavar="FILE", nargs="+", help="a .tds program")
     run.add_argument("--world", type=_positive, default=2, metavar="N",
                      help="number of emulated ranks (default 2; under torchrun, its WORLD_SIZE)")
+    run.add_argument("--nodes", type=_positive, default=None, metavar="N",
+                     help="the emulated ranks pose as N nodes of world/N ranks (default: TILEDSL_NODES, else 1); "
+                          "under torchrun, set TILEDSL_NODES or launch with --nnodes")
     run.add_argument("--size", metavar="NAME=VALUE", type=_size, action="append", default=[],
                      help="a param size (repeatable); the others get small defaults")
     run.add_argument("--emulate", action="store_true", help="run the ranks in Triton's interpreter on the CPU")
@@ -303,6 +306,9 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("file", metavar="FILE", help="a .tds program")
     trace.add_argument("-o", "--output", metavar="OUT", help="output path without suffix (default: FILE's)")
     trace.add_argument("--world", type=_positive, default=2, metavar="N", help="emulated ranks (default 2)")
+    trace.add_argument("--nodes", type=_positive, default=None, metavar="N",
+                       help="the emulated ranks pose as N nodes (default: TILEDSL_NODES, else 1); under torchrun, "
+                            "set TILEDSL_NODES or launch with --nnodes")
     trace.add_argument("--size", metavar="NAME=VALUE", type=_size, action="append", default=[],
                        help="a param size (repeatable)")
     trace.add_argument("--emulate", action="store_true", help="emulate even under torchrun")

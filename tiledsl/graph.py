@@ -144,8 +144,13 @@ class _SourceText:
                 if dep.span == edge.span and self.of(dep.span):
                     bound = ", ".join(b.id for b in decl.bound)
                     return f"{decl.consumer.id}[{bound}] after {self.of(dep.span)}"
+        written = self.of(edge.span)  # a `wait` inside a tile's block: its own text, as written
+        if written:
+            return f"{consumer.name}[{', '.join(consumer.index_names)}] after {written}"
         index = ", ".join("*" if e is None else _sympy(e) for e in edge.index_map)
         ranks = {ir.RankSet.LOCAL: "", ir.RankSet.EVERY: " @ every rank"}.get(edge.ranks, f" @ {edge.rank_expr}")
+        if edge.ranks is ir.RankSet.SET:
+            ranks = f" @ ({edge.rank_expr} for {edge.rank_var} in {edge.rank_extent})"
         return f"{consumer.name}[{', '.join(consumer.index_names)}] after {edge.producer}[{index}]{ranks}"
 
     def order(self, family: ir.Family) -> str:

@@ -46,8 +46,11 @@ def test_generated_lines_are_short_and_free_of_degenerate_scaffolding(path):
 def test_every_wait_and_notify_names_its_tds_line_and_passes_diagnostics_by_name(path):
     lines = module(path).splitlines()
     for n, line in enumerate(lines):
-        if "tds_sync.wait(" in line and "tds_barrier" not in line:
-            block = "\n".join(lines[n:n + 3])
+        if re.search(r"tds_sync\.wait(_shmem)?\(", line) and "tds_barrier" not in line:
+            # the whole call, however many lines its arguments take
+            end = next(k for k in range(n, len(lines)) if "\n".join(lines[n:k + 1]).count("(")
+                       == "\n".join(lines[n:k + 1]).count(")"))
+            block = "\n".join(lines[n:end + 1])
             assert "diag=tds_diag" in block and "edge=" in block and "instance=" in block, block
             above = next(lines[k] for k in range(n - 1, -1, -1) if lines[k].strip().startswith("# ")
                          and ".tds:" in lines[k])

@@ -81,6 +81,9 @@ STAND_INS = {
     "gemm_ar": (2, lambda i, a: a[2].copy_(_all_reduce(i[0].float() @ i[1].float()))),
     "allreduce_rmsnorm": (3, _rmsnorm),
 }
+# the two-level programs compute what their one-level counterparts do
+STAND_INS.update({f"hier_{name}": STAND_INS[name] for name in ("ag_gemm", "gemm_rs", "reduce_scatter", "allgather")})
+STAND_INS["hier_allreduce"] = STAND_INS["allreduce"]
 
 
 class StandIn:
@@ -152,6 +155,9 @@ def _script_rank(rank, world, port, script, stale, results):
         module.gemm_shapes = lambda world: [(64, 32, 48), (24 * world, 40, 40)]
         module.collective_shapes = lambda world: [(4 * world, 16), (7 * world, 10)]
         module.ALLREDUCE_SIZES = (100, 1001)
+    elif script == "nodes_checks":
+        module.gemm_shapes = lambda world: [(64, 32, 48), (24 * world, 40, 40)]
+        module.BYTES = (1 << 10, 1 << 14)
     else:
         module.AllReduce = lambda heap: StandInAllReduce(heap, stale)
         module.AR_BYTES = (1 << 10, 1 << 14)
@@ -179,7 +185,8 @@ def _lines(out, verdict):
             if line.startswith(verdict + " ")]
 
 
-@pytest.mark.parametrize("script", ["multigpu_checks", "collectives_checks", "attention_checks"])
+@pytest.mark.parametrize("script", ["multigpu_checks", "collectives_checks", "attention_checks",
+                                    "nodes_checks"])
 def test_checks_pass_a_correct_stand_in_and_fail_a_stale_one(script, capfd):
     runtime_only = RUNTIME_ONLY if script == "multigpu_checks" else set()
     rc = 1 if runtime_only else 0

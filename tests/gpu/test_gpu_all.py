@@ -13,6 +13,7 @@ if [ "$1" = "-c" ]; then  # the script asks for the GPU count, then the versions
   exit 0
 fi
 for arg in "$@"; do case $arg in *.py) name=$(basename "$arg" .py) ;; esac; done
+[ -n "${TILEDSL_NODES:-}" ] && echo "TILEDSL_NODES=$TILEDSL_NODES"
 cat "$STUBS/$name.out" 2>/dev/null
 exit "$(cat "$STUBS/$name.rc" 2>/dev/null || echo 0)"
 """
@@ -90,6 +91,18 @@ def test_the_moe_stage_runs_its_checks_then_its_benchmark(tmp_path):
     assert code == 0, out
     assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
         ["moe_checks_world2", "0", "1", "0"], ["moe_world2", "0", "0", "0"]]
+
+
+def test_the_nodes_stage_runs_the_checks_and_the_benchmark_on_gpus_posing_as_two_nodes(tmp_path):
+    stub = ('PASS hier_allgather\nPASS topology 2 nodes x 1 ranks: no pointer to another node\n2 run, 0 failed\n')
+    code, out = gpu_all(tmp_path, ["nodes"], {"nodes_checks": stub, "bench_nodes": "3 outputs checked against "
+                                                                                   "torch, 0 wrong\n"})
+    assert code == 0, out
+    assert [line.split()[:4] for line in out.splitlines()[-4:-1]] == [
+        ["nodes_checks_world2", "0", "2", "0"], ["nodes_world2", "0", "0", "0"], ["nodes_mlp_world2", "0", "0", "0"]]
+    # the stage asks for the pretend topology: TILEDSL_NODES reaches every script
+    for log in ("nodes_checks_world2.log", "nodes_world2.log", "nodes_mlp_world2.log"):
+        assert (tmp_path / "out" / log).read_text().startswith("TILEDSL_NODES=2\n")
 
 
 def test_the_attention_stage_runs_its_checks_then_its_benchmark_at_world_2(tmp_path):

@@ -98,6 +98,27 @@ def allreduce_rmsnorm(X, R, W):
     return {"R": hidden, "Y": normed}
 
 
+# the two-level programs compute what their one-level counterparts do, on any number of nodes
+def hier_allgather(X):
+    return allgather(X)
+
+
+def hier_reduce_scatter(X):
+    return reduce_scatter(X)
+
+
+def hier_allreduce(X):
+    return allreduce(X)
+
+
+def hier_ag_gemm(A, B):
+    return ag_gemm(A, B)
+
+
+def hier_gemm_rs(A, B):
+    return gemm_rs(A, B)
+
+
 # ---- attention: torch's scaled_dot_product_attention on the whole sequence --------------------------
 
 def _sdpa(q, k, v, causal: bool) -> torch.Tensor:
@@ -151,4 +172,4 @@ def flash_decode(Q, K, V, Lens):
 EXPECTATIONS = {f.__name__: f for f in (
     copy, gemm, allgather, reduce_scatter, allreduce, allreduce_two_shot, allreduce_out, ag_gemm, ag_gemm_push,
     gemm_rs, gemm_rs_ce, gemm_rs_pull, gemm_rs_push, gemm_ar, allreduce_rmsnorm, sp_ag_attention, sp_ulysses,
-    flash_decode)}
+    flash_decode, hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs)}

@@ -60,6 +60,11 @@ INPUTS = {
     "gemm_rs_push": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
     "gemm_ar": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
     "allreduce_rmsnorm": lambda w, T, D: {"X": (T, D), "R": (T, D), "W": (D,)},
+    "hier_allgather": lambda w, M, N: {"X": (M // w, N)},
+    "hier_reduce_scatter": lambda w, M, N: {"X": (M, N)},
+    "hier_allreduce": lambda w, N: {"X": (N,)},
+    "hier_ag_gemm": lambda w, M, K, N: {"A": (M // w, K), "B": (K, N)},
+    "hier_gemm_rs": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
 }
 
 # The interpreter runs a tile in tens of milliseconds and ranks beyond two share the cores (a waiting rank
@@ -94,6 +99,12 @@ CASES = {
                 Case((2, 3, 4), lambda w: {"M": 20, "K": 104, "N": 40}, SMALL_TILES)],
     "allreduce_rmsnorm": [Case((2, 3, 4), lambda w: {"T": 3, "D": 100}),
                           Case((2, 3, 4), lambda w: {"T": 5, "D": 33}, {"BT": 2})],
+    # the two-level programs on one node here (several nodes: test_nodes_emulated.py), small tiles only
+    "hier_allgather": [Case((2, 3, 4), lambda w: {"M": w * 37, "N": 45})],
+    "hier_reduce_scatter": [Case((2, 3, 4), lambda w: {"M": w * 45, "N": 300})],
+    "hier_allreduce": [Case((2, 3, 4), lambda w: {"N": 3001}, {"BLOCK": 256})],
+    "hier_ag_gemm": [ROWS_IN_WHOLE_TILES[1]],
+    "hier_gemm_rs": [REDUCE_SCATTER[1]],
 }
 RUNS = sorted({(name, world) for name, cases in CASES.items() for case in cases for world in case.worlds})
 
@@ -107,11 +118,11 @@ def _program(heap, name: str, consts: list[dict], inputs: list, out_shapes: list
         program = tiledsl.compile(os.fspath(PROGRAMS / f"{name}.tds"), heap, emulated=True,
                                   dtype_override=EMULATED, wait_timeout_s=20.0, **overrides)
         mine, outs = calls[0][heap.rank], shapes[heap.rank]
-        tensors = {n: torch.empty_like(t) for n, t in mine.items()} | {n: torch.empty(s) for n, s in outs.items()}
+        tensors = {n: torch.empty(t.shape) for n, t in mine.items()} | {n: torch.empty(s) for n, s in outs.items()}
         per_call = []
         for call in calls:
             for n, t in call[heap.rank].items():
-                tensors[n].copy_(t)
+                tensors[n].copy_(torch.from_numpy(t))
             for n in outs:
                 tensors[n].fill_(float("nan"))  # an element no tile writes stays NaN
             program(**tensors)
@@ -162,7 +173,11 @@ class Run:
         out_shapes = [[{n: tuple(t.shape) for n, t in mine.items() if n not in calls[0][0]} for mine in want[0]]
                       for calls, want in zip(self.inputs, self.expected, strict=True)]
         outputs = list(self.expected[0][0][0])
-        return self.name, [case.consts for case in self.cases], self.inputs, out_shapes, outputs
+        # inputs as numpy, by value: torch tensors would each take a file descriptor to the ranks, and the
+        # forkserver passes fewer than 256 (every program of a world goes to one set of ranks)
+        inputs = [[[{n: t.numpy() for n, t in mine.items()} for mine in call] for call in calls]
+                  for calls in self.inputs]
+        return self.name, [case.consts for case in self.cases], inputs, out_shapes, outputs
 
 
 def run_together(runs: list[Run]) -> None:

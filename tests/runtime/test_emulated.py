@@ -30,7 +30,7 @@ from tiledsl.runtime.run_program import (
     run_emulated,
 )
 from tiledsl.schedule.check import _concrete_findings
-from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols
+from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols, size_values
 
 pytestmark = pytest.mark.emulated
 
@@ -78,8 +78,7 @@ def small_sizes(schedule, world: int) -> dict[str, int]:
     for param in (p for p in schedule.params if p not in capacities):
         while sizes[param] // 2 >= (floor if not contracted or param in contracted else 1):
             smaller = {**sizes, param: sizes[param] // 2}
-            values = (*(smaller[p] for p in schedule.params), *schedule.consts.values(), world)
-            if not all(holds(*values)):
+            if not all(holds(*size_values(schedule, world, smaller))):
                 break
             concrete, least, cut = shape_of(smaller)
             if any(least[key] < min(2, n) for key, n in default_least.items()) or not cut <= default_cut:
@@ -154,6 +153,26 @@ def test_a_tile_index_with_a_negative_numerator_floors_in_the_kernel(tmp_path, i
         tile cp[i in N / B]: Y[i*B : +B] = X[{index} : +B]
         """))
     (verdict,) = run_emulated(os.fspath(path), 2, sizes={"N": 512})
+    assert verdict.ok, verdict.line()
+
+
+def test_a_copy_engine_wait_on_a_row_past_the_producer_waits_on_nothing(tmp_path):
+    """Found by the differential test (seed 3094894359): pull[1] names load[2] at N = 6, where load has
+    rows 0..1; the stream's waits followed the edge without the meaning's guard and indexed past the
+    producer's counts. No instance there means no wait, on the stream as in the kernel."""
+    (path := tmp_path / "gen_pull.tds").write_text(textwrap.dedent("""\
+        program gen_pull
+        param N
+        const B3 = 3
+        in X : f32[N]
+        out Y : f32[N]
+        symm T : f32[N]
+        tile load[i in cdiv(N, B3)] on sms(2): T[i*B3 : +B3] = X[i*B3 : +B3]
+        chunk pull[i in cdiv(N, 4)] on copy_engine: T@rank[i*4 : +4] -> Y[i*4 : +4]
+        load[i] after load[i - 1]
+        pull[i] after load[(i*4)/B3], load[(i*4 + 3)/B3]
+        """))
+    (verdict,) = run_emulated(os.fspath(path), 2, sizes={"N": 6})
     assert verdict.ok, verdict.line()
 
 
@@ -358,7 +377,7 @@ def test_every_call_runs_on_fresh_inputs_and_is_checked(monkeypatch):
     path = ROOT / "programs" / "copy.tds"
     schedule = program_schedule(path)
 
-    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s):
+    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s, nodes=None):
         assert len(calls) == 2 and not torch.equal(calls[0][0]["X"], calls[1][0]["X"])  # fresh inputs
         first = [Reference(schedule, world, {"N": 2048}).run(calls[0])[rank] for rank in range(world)]
         return [[{"Y": first[rank]["Y"].float().numpy()}] * 2 for rank in range(world)]

@@ -40,7 +40,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
 
     from tiledsl.runtime.specs import Kind, kernel_options
 
-    env = {"rank": 0, "world": 4, **module.tds_CONSTS, **{p: 4096 for p in module.tds_PARAMS}, **(sizes or {})}
+    env = {"rank": 0, "world": 4, "nodes": 2, "local_world": 2, **module.tds_CONSTS,
+           **{p: 4096 for p in module.tds_PARAMS}, **(sizes or {})}
     blocks = module.tds_blocks(env)
     tensors = {t.name for t in module.tds_TENSORS}
     # What the JIT assumes on a GPU: torch's allocations are 16-byte aligned, and an integer argument

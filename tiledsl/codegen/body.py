@@ -222,6 +222,12 @@ class Wait:
     loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
     slot: sympy.Expr
     exists: sympy.Expr                                  # sympy.true where the instance always exists
+    shmem: bool = False                                 # NVSHMEM writes the slot: its own wait follows
+
+    @property
+    def guard_in_loop(self) -> bool:
+        """The existence test depends on a loop's variable (`@ (r for s in n)`): it goes inside."""
+        return bool(sympy.sympify(self.exists).free_symbols & {var for var, _ in self.loops})
 
 
 @dataclass(frozen=True)
@@ -261,6 +267,21 @@ class Put:
     target: str
     target_start: sympy.Expr
     owner: sympy.Expr
+    rows: sympy.Expr
+    cols: sympy.Expr
+    split: int
+
+
+@dataclass(frozen=True)
+class Get:
+    """An NVSHMEM get: part `tds_part` of `split` of whole rows of `owner`'s copy of `source` into this
+    rank's `target` (getmem_block: the rows are here when it returns); the family notifies after it."""
+    family: str
+    source: str
+    source_start: sympy.Expr
+    owner: sympy.Expr
+    target: str
+    target_start: sympy.Expr
     rows: sympy.Expr
     cols: sympy.Expr
     split: int
@@ -319,7 +340,7 @@ class If:
 
 
 Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
-                  Copy, Put, Fetch, Report, Scan, If, Arange, Assign, Full, Trans, Dot, Mask]
+                  Copy, Put, Get, Fetch, Report, Scan, If, Arange, Assign, Full, Trans, Dot, Mask]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------
@@ -539,7 +560,7 @@ def _covers(block: int | str, size: sympy.Expr, consts: dict[str, int]) -> bool:
 
 def chunk_body(schedule: ir.Schedule, family: ir.Family, kernel: Callable[[sympy.Expr], sympy.Expr],
                sites=None) -> tuple[Statement, ...]:
-    """The copy (or put) of one chunk instance's part, after fetching the counts its sizes read."""
+    """The copy (or put or get) of one chunk instance's part, after fetching the counts its sizes read."""
     from tiledsl.codegen.device import DeviceValues, Sites
     source, target = family.reads[0], family.writes[0]
     kept = [d for d in source.dims if d.kept]
@@ -560,12 +581,18 @@ def chunk_body(schedule: ir.Schedule, family: ir.Family, kernel: Callable[[sympy
 
 def _chunk_statement(schedule, family, kernel, source, target, rows, cols) -> Statement:
     if family.engine.kind is ir.EngineKind.NVSHMEM:
-        if ir.device_values(rows) or cols is not None and ir.device_values(cols):
-            raise LoweringError(f"chunk '{family.name}': an nvshmem put moves a fixed size")
+        # a put or get moves whole rows of a size known at launch (`_rows_put` reads the region's sizes)
+        if any(ir.device_values(d.size) for r in (source, target) for d in r.dims):
+            raise LoweringError(f"chunk '{family.name}': an nvshmem put or get moves a fixed size")
+        moved = kernel(_rows_put(schedule, family, source, target))
+        width = cols if cols is not None else sympy.Integer(1)
+        if not family.puts:
+            return Get(family.name, source.tensor, kernel(_row_start(schedule, family, source)),
+                       kernel(source.owner), target.tensor, kernel(_row_start(schedule, family, target)), moved,
+                       width, family.split)
         owner = None if source.owner is None else kernel(source.owner)
         return Put(family.name, source.tensor, owner, kernel(_row_start(schedule, family, source)), target.tensor,
-                   kernel(_row_start(schedule, family, target)), kernel(target.owner), rows,
-                   cols if cols is not None else sympy.Integer(1), family.split)
+                   kernel(_row_start(schedule, family, target)), kernel(target.owner), moved, width, family.split)
     block = BLOCK_2D if cols is not None else (BLOCK_1D,)
     return Copy(_copy_place(schedule, source, kernel), _copy_place(schedule, target, kernel), rows, cols, block,
                 family.split, family.reduce == "add")
@@ -584,8 +611,25 @@ def _copy_place(schedule: ir.Schedule, region: ir.Region, kernel) -> Place:
     return Place(region.tensor, None if region.owner is None else kernel(region.owner), tuple(dims), axis)
 
 
+def _rows_put(schedule: ir.Schedule, family: ir.Family, source: ir.Region, target: ir.Region) -> sympy.Expr:
+    """The rows a put or get moves: those of its first kept dimension that exist in both regions (a `+n` slice
+    is clipped at the end of its dimension, as a copy's mask clips it), none where both lie past the end.
+    Unclipped where the region provably ends inside the tensor at every instance."""
+    from tiledsl.schedule.meaning import largest_value
+    known = {**dict(family.indices), ir.RANK: ir.WORLD, ir.NODE: ir.NODES, ir.LOCAL_RANK: ir.LOCAL_WORLD}
+    size = next(d.size for d in source.dims if d.kept)
+    rows = size
+    for region in (source, target):
+        n, dim = next((n, d) for n, d in enumerate(region.dims) if d.kept)
+        extent = schedule.tensors[region.tensor].shape[n]
+        last = largest_value(dim.start, known) if dim.start.free_symbols & set(known) else dim.start
+        if last is None or not sympy.simplify(extent - last - size).is_nonnegative:
+            rows = sympy.Min(rows, sympy.Max(0, extent - dim.start))
+    return rows
+
+
 def _row_start(schedule: ir.Schedule, family: ir.Family, region: ir.Region) -> sympy.Expr:
-    """An nvshmem put moves one contiguous range: whole rows of a row-major tensor, from this element."""
+    """An nvshmem put or get moves one contiguous range: whole rows of a row-major tensor, from here."""
     tensor = schedule.tensors[region.tensor]
     kept = [n for n, d in enumerate(region.dims) if d.kept]
     for n in kept[1:] + list(range(kept[-1] + 1, len(region.dims))):

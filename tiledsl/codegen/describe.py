@@ -5,6 +5,7 @@ from __future__ import annotations
 import sympy
 
 from tiledsl.codegen import body
+from tiledsl.schedule import ir
 
 
 def describe(plan) -> str:
@@ -15,7 +16,11 @@ def describe(plan) -> str:
         lines += _family(family, plan.interface.families.get(family.name, ()))
     lines.append("kernel arguments: " + ", ".join(
         f"{a.name} ({a.kind.value})" for a in plan.interface.args if a.kind.value != "role"))
-    lines.append(f"entry barrier: {plan.distributed}; nvshmem: {plan.uses_nvshmem}")
+    barrier = "two levels (the node by pointers, the other nodes by NVSHMEM)" if plan.distributed and \
+        plan.spans_nodes else str(plan.distributed)
+    lines.append(f"entry barrier: {barrier}; nvshmem: {plan.uses_nvshmem}"
+                 + ("; topology: " + ", ".join(f"{s} = {v}" for s, v in ir.RANK_PARTS.items()) if plan.spans_nodes
+                    else ""))
     return "\n".join(lines)
 
 
@@ -34,8 +39,15 @@ def _family(f, arguments) -> list[str]:
             out.append(f"  stream waits (edge {w.edge}): count_{w.producer}[{w.row}] reaches {w.count}")
         out.append(f"  copy {_region(f.host.source)} -> {_region(f.host.target)}")
     out += ["  " + line for line in _statements(f.head + f.body)]
-    if f.notify is not None:
-        out.append(f"  notify {'every rank' if f.notify.every_rank else 'this rank'}: sig_{f.name}[{f.notify.slot}]")
+    if f.notify is not None and f.puts:
+        out.append(f"  signal with the put: sig_{f.name}[{f.notify.slot}] on the rank it writes")
+    elif f.notify is not None:
+        reach = {"local": "this rank", "all": "every rank", "node": "the ranks of this node",
+                 "world": "the ranks of this node, and of the other nodes through NVSHMEM signals"}[f.notify.reach]
+        ranks = "" if f.notify.first is None or f.notify.reach == "all" else \
+            f" ({f.notify.first} .. {f.notify.stop - 1}" + (f"; {f.notify.remote[2]} for {f.notify.remote[0]} < "
+                                                             f"{f.notify.remote[1]}" if f.notify.remote else "") + ")"
+        out.append(f"  notify {reach}{ranks}: sig_{f.name}[{f.notify.slot}]")
     if f.count_row is not None:
         out.append(f"  count row {f.count_row} (the copy engine waits on it)")
     if f.flatten:
@@ -87,13 +99,17 @@ def _statements(statements, depth: int = 0) -> list[str]:
         elif isinstance(s, body.Wait):
             loops = "".join(f" for {v} < {e}" for v, e in s.loops)
             guard = "" if s.exists == sympy.true else f" if {s.exists}"
-            out.append(f"{pad}wait edge {s.edge} ({s.where}): sig_{s.producer}[{s.slot}]{loops}{guard}")
+            how = " (then NVSHMEM's wait)" if s.shmem else ""
+            out.append(f"{pad}wait edge {s.edge} ({s.where}): sig_{s.producer}[{s.slot}]{loops}{guard}{how}")
         elif isinstance(s, body.Fence):
             out.append(f"{pad}proxy fence (TMA loads follow)")
         elif isinstance(s, body.Copy):
             kind = "add" if s.reduce else "copy"
             out.append(f"{pad}{kind} {_place(s.source)} -> {_place(s.target)} ({s.rows} rows"
                        + (f" x {s.cols}" if s.cols is not None else "") + f", blocks {s.block})")
+        elif isinstance(s, body.Get):
+            out.append(f"{pad}nvshmem get {s.source}@({s.owner})[{s.source_start}:] -> {s.target}[{s.target_start}:] "
+                       f"({s.rows} rows x {s.cols})")
         elif isinstance(s, body.Arange):
             out.append(f"{pad}{s.name} = 0 .. {s.block} along axis {s.axis} of {s.rank}")
         elif isinstance(s, body.Assign):

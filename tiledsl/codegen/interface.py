@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import (Arange, Copy, Dot, Fetch, Full, If, Load, Loop, Place, Product, Put, Record, Report,
-                                  Scan, Store, TmaStore, Zeros)
+from tiledsl.codegen.body import (Arange, Copy, Dot, Fetch, Full, Get, If, Load, Loop, Place, Product, Put, Record,
+                                  Report, Scan, Store, TmaStore, Zeros)
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -35,13 +35,15 @@ def interface_of(plan) -> KernelInterface:
         args.append(Arg(t.name, Kind.TENSOR, t.name, t.dtype))
         if t.peers:
             args.append(Arg(f"tds_peers_{t.name}", Kind.PEERS, t.name, "int64"))
+        if t.shmem:
+            args.append(Arg(f"tds_shmem_{t.name}", Kind.SHMEM, t.name, "int64"))
     for f in plan.families:
         if f.notify is not None:
-            # NVSHMEM writes 64-bit signals; everything else uses 32-bit slots
-            dtype = "int64" if f.engine == "nvshmem" else "int32"
-            args.append(Arg(f"tds_sig_{f.name}", Kind.SIGNALS, f.name, dtype))
-            if f.notify.every_rank or f.engine == "nvshmem":
+            args.append(Arg(f"tds_sig_{f.name}", Kind.SIGNALS, f.name, signal_dtype(f)))
+            if f.notify.every_rank and not f.puts:
                 args.append(Arg(f"tds_peers_sig_{f.name}", Kind.SIGNAL_PEERS, f.name, "int64"))
+            if f.puts or f.notify.remote is not None:
+                args.append(Arg(f"tds_shmem_sig_{f.name}", Kind.SIGNAL_SHMEM, f.name, "int64"))
     kernel_families = [f for f in plan.families if f.on_sms]
     args += [Arg(f"tds_order_{f.name}", Kind.ORDER, f.name, "int32") for f in kernel_families if f.order is not None]
     args += [Arg(f"tds_count_{f.name}", Kind.COUNT, f.name, "int32") for f in kernel_families if f.count_row is not None]
@@ -60,11 +62,16 @@ def interface_of(plan) -> KernelInterface:
                 args.append(Arg(f"tds_desc_{f.name}_c", Kind.DESCRIPTOR, f.tma_target, dtypes[f.tma_target],
                                 (1,) * len(store.at) + (p.block_m, p.block_n)))
     args += [Arg(p, Kind.SIZE) for p in plan.params] + [Arg("rank", Kind.SIZE), Arg("world", Kind.SIZE)]
+    if plan.spans_nodes:
+        args += [Arg("nodes", Kind.SIZE), Arg("local_world", Kind.SIZE)]
     args += [Arg("tds_epoch_cell", Kind.EPOCH_CELL, dtype="int32"), Arg("tds_diag", Kind.DIAG, dtype="int32"),
              Arg("tds_max_spins", Kind.MAX_SPINS)]
     if plan.distributed:
-        args += [Arg("tds_barrier", Kind.BARRIER, dtype="int32"),
+        # across nodes the barrier's second level is an NVSHMEM signal: 64-bit slots
+        args += [Arg("tds_barrier", Kind.BARRIER, dtype="int64" if plan.spans_nodes else "int32"),
                  Arg("tds_peers_barrier", Kind.BARRIER_PEERS, dtype="int64")]
+        if plan.spans_nodes:
+            args.append(Arg("tds_shmem_barrier", Kind.BARRIER_SHMEM, dtype="int64"))
     args += [Arg(c, Kind.CONST) for c in plan.consts]
     args += [Arg(name, Kind.BLOCK) for f in plan.families for name, _ in f.blocks]
     args += [Arg(f"tds_trace_{f.name}", Kind.TRACE, f.name, "int64") for f in kernel_families]
@@ -82,6 +89,12 @@ def interface_of(plan) -> KernelInterface:
 
 # ---- what a family reads ---------------------------------------------------------------------------
 
+def signal_dtype(family) -> str:
+    """NVSHMEM writes 64-bit signals (a put's, or a signal from another node); other slots are 32-bit
+    (an NVSHMEM family's are 64-bit all the same: one rule for the launcher, which knows the engine)."""
+    return "int64" if family.engine == "nvshmem" or family.notify.remote is not None else "int32"
+
+
 def walk(statements):
     for s in statements:
         yield s
@@ -97,6 +110,8 @@ def _local_symbols(family) -> set[str]:
     bound |= {var for w in family.waits for var, _ in w.loops}
     bound |= {s.var for s in walk(family.body) if isinstance(s, Loop)}
     bound |= {e for s in walk(family.body) if isinstance(s, Fetch) for e in (s.name, s.exists) if e is not None}
+    if family.notify is not None and family.notify.remote is not None:
+        bound.add(family.notify.remote[0])
     names = {s.name for s in bound}
     return names | {s.name for s in walk(family.body) if isinstance(getattr(s, "name", None), str)}
 
@@ -136,9 +151,11 @@ def _needs(family, plan) -> set[str]:
         elif isinstance(s, Copy):
             place(s.source)
             place(s.target)
+        elif isinstance(s, Get):
+            names.update({s.source, s.target, f"tds_shmem_{s.source}", "rank"})
         elif isinstance(s, Put):
-            names.update({s.source, s.target, f"tds_peers_{s.target}", f"tds_sig_{s.family}",
-                          f"tds_peers_sig_{s.family}", EPOCH})
+            names.update({s.source, s.target, f"tds_shmem_{s.target}", f"tds_sig_{s.family}",
+                          f"tds_shmem_sig_{s.family}", EPOCH})
             if s.source_owner is not None:
                 names.add(f"tds_peers_{s.source}")
         elif isinstance(s, Product):
@@ -170,10 +187,12 @@ def _needs(family, plan) -> set[str]:
     if family.waits:
         names.update({EPOCH, "tds_diag", "tds_max_spins", "rank"})
         names.update(f"tds_sig_{w.producer}" for w in family.waits)
-    if family.notify is not None and family.engine != "nvshmem":
+    if family.notify is not None and not family.puts:
         names.update({f"tds_sig_{family.name}", EPOCH})
         if family.notify.every_rank:
-            names.update({f"tds_peers_sig_{family.name}", "world"})
+            names.add(f"tds_peers_sig_{family.name}")
+        if family.notify.remote is not None:
+            names.add(f"tds_shmem_sig_{family.name}")
     if family.order is not None:
         names.add(f"tds_order_{family.name}")
     if family.count_row is not None:

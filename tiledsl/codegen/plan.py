@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import sympy
 
 import tiledsl
-from tiledsl.codegen.body import Fence, If, LoweringError, Product, Record, Statement, Wait, chunk_body, tile_body
+from tiledsl.codegen.body import (Fence, If, LoweringError, Product, Put, Record, Statement, Wait, chunk_body,
+                                  tile_body)
 from tiledsl.codegen.device import DeviceValues, GuardSite, Sites
 from tiledsl.codegen.interface import KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
@@ -25,10 +26,24 @@ from tiledsl.schedule import ir, meaning
 @dataclass(frozen=True)
 class Notify:
     """After an instance: its slot holds this call's epoch, on this rank or on every rank (a waiter
-    elsewhere reads its own copy of the signals)."""
+    elsewhere reads its own copy of the signals): through peer pointers on ranks `first` .. `stop`-1,
+    and where waiters sit on other nodes (`remote`), through an NVSHMEM signal on each of their ranks."""
     every_rank: bool
     slot: sympy.Expr
     edges: tuple[str, ...] = ()  # the edges that wait on it (`file:line` and text)
+    first: sympy.Expr | None = None  # every_rank: the ranks reached through pointers, the node's
+    stop: sympy.Expr | None = None
+    # the other nodes' ranks: (loop variable, its extent, the rank it names), each signalled by NVSHMEM
+    remote: tuple[sympy.Symbol, sympy.Expr, sympy.Expr] | None = None
+
+    @property
+    def reach(self) -> str:
+        """What the launcher is told: "local", "all" (the one node), "node" or "world"."""
+        if not self.every_rank:
+            return "local"
+        if self.remote is not None:
+            return "world"
+        return "node" if self.first is not None and self.first != 0 else "all"
 
 
 @dataclass(frozen=True)
@@ -41,11 +56,13 @@ class HostRegion:
 
 @dataclass(frozen=True)
 class HostWait:
-    """The communication stream waits until `producer`'s count of row `row` reaches `count`."""
+    """The communication stream waits until `producer`'s count of row `row` reaches `count`, where
+    `exists` (the row is one of the producer's: otherwise the edge names nothing and there is no wait)."""
     edge: int
     producer: str
     row: sympy.Expr
     count: sympy.Expr
+    exists: sympy.Basic = sympy.true
 
 
 @dataclass(frozen=True)
@@ -106,6 +123,12 @@ class Family:
         return self.engine != "copy_engine"
 
     @property
+    def puts(self) -> bool:
+        """An NVSHMEM put, which signals with its data (the other families notify after each instance)."""
+        from tiledsl.codegen.interface import walk
+        return any(isinstance(s, Put) for s in walk(self.body))
+
+    @property
     def decode(self) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
         """Each index from the linear instance number `tds_inst` (the last index varies fastest)."""
         out, inner = [], sympy.Integer(1)
@@ -126,6 +149,7 @@ class Tensor:
     peers: bool                    # the kernel reaches other ranks' copies (a peer offset table)
     staged: bool                   # a caller tensor read on peers: copied into the heap at each call
     where: str
+    shmem: bool = False            # NVSHMEM puts into or gets from other ranks' copies (its stand-ins' PE table)
 
 
 @dataclass(frozen=True)
@@ -145,6 +169,8 @@ class KernelPlan:
     edges: tuple[str, ...]                                 # edge texts by number, for error messages
     interface: KernelInterface = field(default=None)
     guards: tuple[GuardSite, ...] = ()                     # what each guard site reports (codegen/device.py)
+    # written for several nodes: topology sizes are arguments, and the entry barrier has two levels
+    spans_nodes: bool = False
 
     @property
     def kernel_families(self) -> tuple[Family, ...]:
@@ -181,6 +207,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
     _check_program_counts(schedule, consts)
     kernel = let_names(schedule)
     cross_rank = {e.producer for e in schedule.edges if e.ranks is not ir.RankSet.LOCAL}
+    reach = meaning.notify_reach(schedule)
     # producers with a waiting kernel family signal epochs; a copy-engine consumer waits on counts
     waited = {e.producer for e in schedule.edges
               if schedule.families[e.consumer].engine.kind is not ir.EngineKind.COPY_ENGINE}
@@ -193,33 +220,57 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
     for name in meaning.family_sequence(schedule):
         family = schedule.families[name]
         notify = None
-        if name in waited or family.engine.kind is ir.EngineKind.NVSHMEM:  # a put always signals
-            notify = Notify(name in cross_rank, ir.RANK * _slots(family, kernel) + INSTANCE * family.split
-                            + (PART if family.split > 1 else 0),
-                            tuple(source_line(schedule, e.span) for e in schedule.edges if e.producer == name))
-        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, sites))
-    peers = {r.tensor for f in schedule.families.values() for r in f.reads + f.writes if r.owner is not None}
+        if name in waited or family.puts:  # a put always signals
+            notify = _notify(schedule, family, kernel, name in cross_rank, reach.get(name))
+        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, reach, sites))
+    # an NVSHMEM put's target and a get's source are reached by NVSHMEM, not through a peer pointer
+    nvshmem = [f for f in schedule.families.values() if f.engine.kind is ir.EngineKind.NVSHMEM]
+    shmem = {f.writes[0] if f.puts else f.reads[0] for f in nvshmem}
+    peers = {r.tensor for f in schedule.families.values() for r in f.reads + f.writes if r.owner is not None
+             and r not in shmem}
+    puts = {r.tensor for r in shmem}
     staged = set(schedule.staged_inputs())
     tensors = tuple(Tensor(t.name, t.role.value, t.dtype, t.shape, t.name in peers, t.name in staged,
-                           source_line(schedule, t.span)) for t in schedule.tensors.values())
+                           source_line(schedule, t.span), t.name in puts) for t in schedule.tensors.values())
     plan = KernelPlan(
         name=schedule.name, path=schedule.program.path,
         source_hash=hashlib.sha256(schedule.program.source.encode()).hexdigest()[:16],
         version=tiledsl.__version__, params=tuple(schedule.params), consts=consts, tensors=tensors,
         families=tuple(families), param_sources=param_sources(schedule), conditions=conditions(schedule),
         distributed=bool(peers) or bool(cross_rank),
-        uses_nvshmem=any(f.engine == "nvshmem" for f in families),
-        edges=tuple(source_line(schedule, e.span) for e in schedule.edges), guards=tuple(sites.sites))
+        uses_nvshmem=any(f.engine == "nvshmem" or (f.notify is not None and f.notify.remote is not None)
+                         for f in families) or (schedule.spans_nodes and (bool(peers) or bool(cross_rank))),
+        edges=tuple(source_line(schedule, e.span) for e in schedule.edges), guards=tuple(sites.sites),
+        spans_nodes=schedule.spans_nodes)
     return KernelPlan(**{**plan.__dict__, "interface": interface_of(plan)})
 
 
-def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, sm_chunks: bool, sites) -> Family:
+def _notify(schedule: ir.Schedule, family: ir.Family, kernel, cross_rank: bool, reach) -> Notify:
+    """Where a family's signal goes: its own rank, the ranks of the node (every rank of a program that
+    runs within one node) through peer pointers, and the other nodes' ranks through NVSHMEM signals."""
+    slot = ir.RANK * _slots(family, kernel) + INSTANCE * family.split + (PART if family.split > 1 else 0)
+    edges = tuple(source_line(schedule, e.span) for e in schedule.edges if e.producer == family.name)
+    if not cross_rank or family.puts:
+        return Notify(cross_rank, slot, edges)  # a put's signal goes with its data, to the rank it writes
+    if not schedule.spans_nodes:
+        return Notify(True, slot, edges, sympy.Integer(0), ir.WORLD)  # every rank is the one node's
+    first = ir.NODE * ir.LOCAL_WORLD
+    remote = None
+    if reach is meaning.Reach.WORLD:
+        # the ranks of the next nodes in turn: world - local_world of them
+        peer = ir.index_symbol("tds_remote")
+        remote = (peer, ir.WORLD - ir.LOCAL_WORLD, sympy.Mod(first + ir.LOCAL_WORLD + peer, ir.WORLD))
+    return Notify(True, slot, edges, first, (ir.NODE + 1) * ir.LOCAL_WORLD, remote)
+
+
+def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, sm_chunks: bool,
+            reach: dict, sites) -> Family:
     on_sms = family.engine.kind is not ir.EngineKind.COPY_ENGINE
     product = tma_target = None
     body: tuple = ()
     blocks: tuple = ()
     head: tuple = ()
-    every = tuple(_waits(schedule, family, kernel)) if on_sms else ()
+    every = tuple(_waits(schedule, family, kernel, reach)) if on_sms else ()
     # a `wait` in the tile's loop waits at the top of each step; the family's edges before it starts
     waits = tuple(w for w in every if schedule.edges[w.edge].loop is None)
     step_waits = tuple(w for w in every if schedule.edges[w.edge].loop is not None)
@@ -271,12 +322,15 @@ def _slots(family: ir.Family, kernel) -> sympy.Expr:
     return kernel(sympy.Mul(*(e for _, e in family.indices))) * family.split
 
 
-def _waits(schedule: ir.Schedule, family: ir.Family, kernel):
+def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
     for number, edge in enumerate(schedule.edges):
         if edge.consumer != family.name:
             continue
         producer = schedule.families[edge.producer]
         target = meaning.target(schedule, edge)
+        # a slot NVSHMEM writes (a put's signal, or a signal from another node): NVSHMEM's own wait
+        # follows, where the program runs on several nodes
+        shmem = schedule.spans_nodes and (producer.puts or reach.get(producer.name) is meaning.Reach.WORLD)
         loops, index = [], []
         for mapped, (symbol, extent) in zip(target.index, producer.indices):
             if mapped is None:
@@ -290,6 +344,8 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel):
         if writer is None:
             writer = ir.index_symbol("tds_rank")
             loops.append((writer, ir.WORLD))
+        elif target.over is not None:  # `@ (r for s in n)`: one wait on each of those ranks
+            loops.append((target.over[0], kernel(target.over[1])))
         instance = sympy.Integer(0)
         for i, (_, extent) in zip(index, producer.indices):
             instance = instance * kernel(extent) + i
@@ -299,7 +355,7 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel):
             loops.append((part, sympy.Integer(producer.split)))
             slot += part
         yield Wait(number, source_line(schedule, edge.span), producer.name, tuple(loops), slot,
-                   kernel(target.exists))
+                   kernel(target.exists), shmem)
 
 
 def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
@@ -320,7 +376,7 @@ def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
                 f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; "
                 f"`{edge.producer}` at {source_line(schedule, edge.span)} is not one")
         count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
-        waits.append(HostWait(number, producer.name, first, count))
+        waits.append(HostWait(number, producer.name, first, count, meaning.target(schedule, edge).exists))
 
     def region(r: ir.Region) -> HostRegion:
         return HostRegion(r.tensor, r.owner, tuple((d.start, d.size if d.kept else None) for d in r.dims))
@@ -366,12 +422,15 @@ def let_names(schedule: ir.Schedule):
 
 
 def let_values(schedule: ir.Schedule, kernel) -> list[tuple[sympy.Symbol, sympy.Expr]]:
-    """Each let's symbol and its value in kernel terms (earlier lets by name)."""
-    out = []
+    """Each let's symbol and its value in kernel terms (earlier lets by name), after the topology's
+    `node` and `local_rank` as what they stand for, where the program names the topology."""
+    out = list(ir.RANK_PARTS.items()) if schedule.spans_nodes else []
     for name, value in schedule.lets:
         symbol = ir.size_symbol(name)
         rewritten = value
         for earlier, earlier_value in out:
+            if earlier in ir.RANK_PARTS:
+                continue
             original = dict(schedule.lets)[earlier.name]
             rewritten = rewritten.subs(original, earlier)
         out.append((symbol, rewritten))

@@ -31,7 +31,7 @@ def _environment() -> jinja2.Environment:
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
                        dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
-                       always=always, slot=slot_code, comment=comment, string=string, bad=bad,
+                       always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
                        wait_call=wait_call)
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
                        FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
@@ -55,6 +55,12 @@ def host_code(expr, names: dict | None = None) -> str:
     return code(expr, kernel=False, names=names)
 
 
+def plus(expr) -> str:
+    """` + expr` in kernel code, nothing for 0: an offset added to a pointer."""
+    expr = sympy.sympify(expr)
+    return "" if expr == 0 else f" + {kernel_code(expr)}"
+
+
 def always(expr) -> bool:
     return sympy.sympify(expr) is sympy.true
 
@@ -73,14 +79,18 @@ def slot_code(expr, family) -> str:
 def wait_call(wait: body.Wait, family, indent: str) -> str:
     """The wait on a slot, its diagnostics within three lines of the call: a slot too long for that goes
     on a line of its own first."""
+    helper = "wait_shmem" if wait.shmem else "wait"  # a slot NVSHMEM writes: its own wait follows
+
     def call(slot: str) -> str:
-        return wrap(f"{indent}tds_sync.wait(tds_sig_{wait.producer} + {slot}, tds_epoch, diag=tds_diag, "
+        return wrap(f"{indent}tds_sync.{helper}(tds_sig_{wait.producer} + {slot}, tds_epoch, diag=tds_diag, "
                     f"max_spins=tds_max_spins, rank=rank, edge={wait.edge}, instance={slot_code(INSTANCE, family)})")
     slot = slot_code(wait.slot, family)
     text = call(slot)
     if "diag=tds_diag" in "\n".join(text.splitlines()[:3]):
         return text
-    return wrap(f"{indent}tds_waited = {slot}") + "\n" + call("tds_waited")
+    bound = wrap(f"{indent}tds_waited = {slot}") + "\n" + call("tds_waited")
+    # a slot that wraps only inside its own brackets (hier_allreduce's) stays in the call, where it fits
+    return bound if all(len(line) <= WIDTH for line in bound.splitlines()) else text
 
 
 # ---- blocks --------------------------------------------------------------------------------------------
@@ -289,7 +299,12 @@ def string(text: str, indent: int) -> str:
 
 
 def unpack(plan: KernelPlan) -> str:
-    """Host functions' first lines: the sizes as local names."""
-    names = list(plan.params) + ["rank", "world"] + list(plan.consts)
-    return "\n".join(f"    {n} = tds_env[{n!r}]" for n in names)
+    """Host functions' first lines: the sizes as local names, and the rank's node and place in it as
+    the IR defines them."""
+    topology = ["nodes", "local_world"] if plan.spans_nodes else []
+    names = list(plan.params) + ["rank", "world"] + topology + list(plan.consts)
+    lines = [f"    {n} = tds_env[{n!r}]" for n in names]
+    if plan.spans_nodes:
+        lines += [f"    {symbol} = {host_code(value)}" for symbol, value in ir.RANK_PARTS.items()]
+    return "\n".join(lines)
 

@@ -249,11 +249,22 @@ class EveryRank:
 
 
 @dataclass(frozen=True)
+class RanksFor:
+    """`@ (s*local_world + local_rank for s in nodes)`: the producer instance on each rank `rank`
+    gives for `var` in 0 .. extent-1."""
+    rank: "Expr"
+    var: Name
+    extent: "Expr"
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Dep:
-    """One producer side of an edge: `gather[(i*BM)/Ms]`, optionally `@ every rank` or `@ r`."""
+    """One producer side of an edge: `gather[(i*BM)/Ms]`, optionally `@ every rank`, `@ r` or
+    `@ (r for s in n)`."""
     family: Name
     index: tuple[Expr | AllInstances, ...]
-    ranks: EveryRank | Expr | None  # None: the consumer's own rank
+    ranks: EveryRank | RanksFor | Expr | None  # None: the consumer's own rank
     span: Span = field(compare=False)
 
 

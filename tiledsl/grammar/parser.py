@@ -62,8 +62,8 @@ def _tok_span(token: Token) -> ast.Span:
 
 
 # built-in names of the language, and the Python built-ins that generated code calls
-RESERVED = {"rank", "world", "rest", "every", "sum", "cdiv", "min", "max", "range", "sorted", "wait", "inf",
-            "float"}
+RESERVED = {"rank", "world", "node", "nodes", "local_rank", "local_world", "rest", "every", "sum", "cdiv", "min", "max",
+            "range", "sorted", "wait", "inf", "float"}
 
 
 def check_identifier(token: Token) -> None:
@@ -221,6 +221,10 @@ class _Builder(Transformer):
 
     def at_rank(self, meta, children):
         return _Ranks(children[-1])
+
+    def ranks_for(self, meta, children):
+        rank, var, extent = children[-3:]
+        return _Ranks(ast.RanksFor(rank, self._name(var, True), extent, _span(meta)))
 
     def order_decl(self, meta, children):
         return ast.OrderDecl(self._name(children[0]), tuple(children[1:]), _span(meta))

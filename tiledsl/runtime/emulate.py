@@ -13,6 +13,7 @@ import traceback
 import torch
 
 from tiledsl.runtime.heap import SymmetricHeap
+from tiledsl.topology import NODES_VARIABLE, Topology
 
 ARENA_BYTES = 256 * 2**20     # per rank; emulated problems are small
 ALIGN = 256
@@ -30,8 +31,8 @@ PRELOAD = ["torch", "triton", "triton.language", "tiledsl.api", "tiledsl.pipelin
 class EmulatedHeap(SymmetricHeap):
     """Every rank's copy lives in one shared-memory arena per rank, at the same offset in each."""
 
-    def __init__(self, rank: int, world: int, arenas: list[torch.Tensor], barrier):
-        super().__init__(rank, world, torch.device("cpu"))
+    def __init__(self, rank: int, world: int, arenas: list[torch.Tensor], barrier, topology: Topology | None = None):
+        super().__init__(rank, world, torch.device("cpu"), topology)
         self.arenas = arenas
         self._barrier = barrier
         self._next = 0
@@ -81,7 +82,7 @@ class RankError(RuntimeError):
         super().__init__(f"rank {rank}: {kind}: {message}" + (f"\n{details}" if details else ""))
 
 
-def _rank_main(fn, rank, world, arenas, barrier, results, args):
+def _rank_main(fn, rank, world, arenas, barrier, results, args, topology=None):
     os.environ["TRITON_INTERPRET"] = "1"
     torch.set_num_threads(1)
     try:
@@ -90,15 +91,24 @@ def _rank_main(fn, rank, world, arenas, barrier, results, args):
         if not sync.EMULATED:
             raise RuntimeError("this process's forkserver imported triton without TRITON_INTERPRET=1; "
                                "emulated ranks must start it (call run_ranks before other forkserver use)")
-        heap = EmulatedHeap(rank, world, arenas, barrier)
+        topology = topology or Topology.one_node(world)
+        if topology.nodes > 1:  # every arena is mapped here: pointers across nodes are refused by name
+            from tiledsl.runtime import node_guard
+            node_guard.install(rank, topology)
+        heap = EmulatedHeap(rank, world, arenas, barrier, topology)
         results.put((rank, True, fn(heap, *args)))
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
         barrier.abort()  # free ranks stuck in a host barrier with this one
+        # the interpreter wraps what a kernel raised (a CrossNodeAccess, say): name that instead
+        while type(error).__name__ == "InterpreterError" and error.__cause__ is not None:
+            error = error.__cause__
         results.put((rank, False, (type(error).__name__, str(error), traceback.format_exc())))
 
 
-def run_ranks(fn, world: int, *args, timeout_s: float = 600.0) -> list:
+def run_ranks(fn, world: int, *args, timeout_s: float = 600.0, nodes: int | None = None) -> list:
     """Run `fn(heap, *args)` on `world` emulated ranks, each its own process; return their results.
+    The ranks pose as `nodes` nodes (default: TILEDSL_NODES, else one): within a node they reach each
+    other through peer pointers, across nodes only through NVSHMEM's stand-ins.
 
     `fn` must be importable (a module-level function). Raises RuntimeError naming the first rank
     that failed, with its message. Ranks fork from this process's multiprocessing forkserver, which
@@ -107,13 +117,14 @@ def run_ranks(fn, world: int, *args, timeout_s: float = 600.0) -> list:
     if world < 1:
         raise ValueError("world must be at least 1")
     check_triton_version()  # here, before any rank starts, so the message is not a rank's traceback
+    topology = Topology.of(world, nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1))
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     arenas = [_shared_zeros(ARENA_BYTES) for _ in range(world)]
     barrier = context.Barrier(world)
     results = context.Queue()
-    procs = [context.Process(target=_rank_main, args=(fn, r, world, arenas, barrier, results, args), daemon=True)
-             for r in range(world)]
+    procs = [context.Process(target=_rank_main, args=(fn, r, world, arenas, barrier, results, args, topology),
+                             daemon=True) for r in range(world)]
     # The forkserver starts with the first rank and keeps the environment it started with; this
     # process keeps its own, so kernels it builds later are not turned into interpreted ones.
     with _interpreter_environment():

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from tiledsl.runtime.run_program import TOLERANCE, Verdict, compare, make_inputs, program_schedule
 from tiledsl.runtime.reference import Reference
+from tiledsl.topology import declared
 
 
 def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Verdict]:
@@ -23,16 +24,18 @@ def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Ver
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     schedule = program_schedule(source)
-    sizes = {**default_sizes(schedule, world), **sizes}
-    shapes = Reference(schedule, world, sizes).shapes(rank)
+    nodes = declared(world).nodes if schedule.spans_nodes else 1  # a one-node program is refused on more
+    sizes = {**default_sizes(schedule, world, nodes=nodes), **sizes}
+    shapes = Reference(schedule, world, sizes, nodes=nodes).shapes(rank)
     verdicts = {}
     with open_heap() as heap:
         program = tiledsl.compile(source, heap)
         args = {spec.name: torch.empty(shapes[spec.name], dtype=getattr(torch, spec.dtype), device="cuda")
                 for spec in program.callers}
-        reference = Reference(schedule, world, sizes)  # one for every call: symm and local tensors persist
+        # one for every call: symm and local tensors persist
+        reference = Reference(schedule, world, sizes, nodes=nodes)
         for call in range(calls):  # fresh inputs every call, in the same tensors, every call checked
-            inputs = make_inputs(schedule, world, sizes, seed + 1000 * call, {})
+            inputs = make_inputs(schedule, world, sizes, seed + 1000 * call, {}, nodes=nodes)
             expected = reference.run(inputs)
             for spec in program.callers:
                 if spec.role == "out":  # poisoned: an element never written shows up as NaN

@@ -2,12 +2,19 @@
 
 Generated kernels reach rank r's copy as `ptr + peer_offsets[r] + idx`. `open_heap` uses NVSHMEM (nvshmem4py) and
 falls back to torch's symmetric memory. NVLink multicast is never used: it can take the shared host down.
+
+Across nodes there are no peer pointers (`tiledsl.topology`): `peer` refuses a rank of another node, and a
+peer offset to one points into poisoned addresses, which the emulator names (`node_guard.py`) and a GPU
+faults on, so that one machine posing as several nodes (TILEDSL_NODES) cannot talk across them by pointer.
+Only NVSHMEM's calls reach there; the emulator's stand-ins for them read `shmem_offsets`.
 """
 import atexit
 import os
 
 import torch
 import torch.distributed as dist
+
+from tiledsl.topology import Topology, declared, launched, within_one_machine
 
 # NVLink SHARP / multicast off in every library that could reach for it; read once, when each library initialises.
 _NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -19,15 +26,38 @@ def disable_multicast() -> None:
         os.environ.setdefault(name, value)
 
 
+# A peer offset to a rank of another node points into addresses no allocation uses: rank r's at
+# POISON_BASE + r * POISON_SPAN onwards (bytes), so that the emulator can name the rank reached. 16 TiB
+# lies above the brk heap and below the mmap area of a Linux process, and outside the device memory
+# a GPU maps: an access there faults.
+POISON_BASE = 1 << 44
+POISON_SPAN = 1 << 36
+
+
+class CrossNodeAccess(RuntimeError):
+    """A peer pointer to another node's memory was asked for or used: across nodes only NVSHMEM reaches."""
+
+
+def poisoned_rank(address: int, world: int) -> int | None:
+    """The rank whose poisoned peer address this is, or None for an ordinary address."""
+    if POISON_BASE <= address < POISON_BASE + world * POISON_SPAN:
+        return (address - POISON_BASE) // POISON_SPAN
+    return None
+
+
 class SymmetricHeap:
     """Tensors allocated collectively, the same shape on every rank; `peer(t, r)` is rank r's copy of `t`."""
 
     rank: int
     world: int
     device: torch.device
+    topology: Topology
 
-    def __init__(self, rank: int, world: int, device: torch.device):
+    def __init__(self, rank: int, world: int, device: torch.device, topology: Topology | None = None):
         self.rank, self.world, self.device = rank, world, device
+        self.topology = topology or Topology.one_node(world)
+        if self.topology.world != world:
+            raise ValueError(f"a topology of {self.topology} ranks for a world of {world}")
         self._allocations: dict[int, torch.Tensor] = {}  # data_ptr -> tensor returned by alloc
         self._offsets: dict[tuple[int, int], torch.Tensor] = {}  # (data_ptr, element size) -> peer_offsets
         self._closed = False
@@ -45,20 +75,36 @@ class SymmetricHeap:
         return tensor
 
     def peer(self, t: torch.Tensor, r: int) -> torch.Tensor:
-        """Rank r's copy of symmetric tensor `t`, as a tensor on this rank's device."""
+        """Rank r's copy of symmetric tensor `t`, as a tensor on this rank's device; a rank of this node."""
+        if not self.topology.same_node(self.rank, r):
+            raise CrossNodeAccess(
+                f"rank {self.rank} (node {self.topology.node(self.rank)}) asked for a pointer to rank {r}'s memory, "
+                f"on node {self.topology.node(r)}: across nodes ({self.topology} ranks) only NVSHMEM reaches")
         return self._peer(self._symmetric(t), r)
 
     def peer_offsets(self, t: torch.Tensor) -> torch.Tensor:
-        """int64 [world] on t.device: element offset from `t` to each rank's copy, for `ptr + offsets[r] + idx`."""
-        key = (self._symmetric(t).data_ptr(), t.element_size())
+        """int64 [world] on t.device: element offset from `t` to each rank's copy, for `ptr + offsets[r] + idx`;
+        to a rank of another node, into poisoned addresses."""
+        key = (self._symmetric(t).data_ptr(), t.element_size(), "peers")
         if key not in self._offsets:
-            offsets = []
-            for r in range(self.world):
-                delta = self.peer(t, r).data_ptr() - t.data_ptr()
-                assert delta % t.element_size() == 0, f"rank {r}'s copy is not {t.element_size()}-byte aligned to ours"
-                offsets.append(delta // t.element_size())
+            offsets = [self._element_offset(t, r) if self.topology.same_node(self.rank, r) else
+                       (POISON_BASE + r * POISON_SPAN - t.data_ptr()) // t.element_size() for r in range(self.world)]
             self._offsets[key] = torch.tensor(offsets, dtype=torch.int64, device=t.device)
         return self._offsets[key]
+
+    def shmem_offsets(self, t: torch.Tensor) -> torch.Tensor:
+        """Element offsets from `t` to every rank's copy, other nodes' too: what the emulator's stand-ins of
+        NVSHMEM calls address PEs by (NVSHMEM itself needs none). Emulated heaps only."""
+        key = (self._symmetric(t).data_ptr(), t.element_size(), "shmem")
+        if key not in self._offsets:
+            offsets = [self._element_offset(t, r) for r in range(self.world)]
+            self._offsets[key] = torch.tensor(offsets, dtype=torch.int64, device=t.device)
+        return self._offsets[key]
+
+    def _element_offset(self, t: torch.Tensor, r: int) -> int:
+        delta = self._peer(t, r).data_ptr() - t.data_ptr()
+        assert delta % t.element_size() == 0, f"rank {r}'s copy is not {t.element_size()}-byte aligned to ours"
+        return delta // t.element_size()
 
     def owns(self, t: torch.Tensor) -> bool:
         """Whether `t` is one of this heap's tensors (from `alloc`, or `tiledsl.empty`), whole and contiguous:
@@ -112,7 +158,14 @@ class _ProcessGroupHeap(SymmetricHeap):
         self.group = group if group is not None else dist.group.WORLD
         local_rank = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
         torch.cuda.set_device(local_rank)
-        super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), torch.device("cuda", local_rank))
+        world = dist.get_world_size(self.group)
+        # TILEDSL_NODES, else torchrun's LOCAL_WORLD_SIZE: the nodes of this launch (of the world group)
+        if world == dist.get_world_size():
+            topology = launched(world, dist.get_rank())
+        else:
+            within_one_machine(dist.get_process_group_ranks(self.group))
+            topology = Topology.one_node(world)
+        super().__init__(dist.get_rank(self.group), world, torch.device("cuda", local_rank), topology)
 
     def barrier(self) -> None:
         torch.cuda.current_stream(self.device).synchronize()
@@ -191,10 +244,14 @@ class TorchSymmHeap(_ProcessGroupHeap):
 
 
 def open_heap(group=None) -> SymmetricHeap:
-    """The symmetric heap for `group` (default: the world): NVSHMEM if nvshmem4py imports, else torch's."""
+    """The symmetric heap for `group` (default: the world): NVSHMEM if nvshmem4py imports, else torch's,
+    which reaches the ranks of one node only."""
     disable_multicast()
     try:
         import nvshmem.core  # noqa: F401  (only probing whether nvshmem4py is installed)
     except ImportError:
+        if dist.is_initialized() and declared(dist.get_world_size()).nodes > 1:
+            raise RuntimeError(f"{declared(dist.get_world_size())} ranks: across nodes tiledsl needs NVSHMEM "
+                               "(pip install nvshmem4py-cu13)") from None
         return TorchSymmHeap(group)
     return NvshmemHeap(group)

@@ -117,11 +117,17 @@ class Issuing:
         if call.enter_replay is not None:
             call.enter_replay()
             return
-        if self.module.tds_DISTRIBUTED:
+        options = {}
+        if self.module.tds_DISTRIBUTED and getattr(self.module, "tds_SPANS_NODES", False):
+            function, args = sync.barrier_nodes, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
+            # its second level signals and waits through NVSHMEM: linked with it like the kernel (and
+            # its module initialised by the same post-compile hook)
+            options = {"extern_libs": call.options["extern_libs"]} if "extern_libs" in call.options else {}
+        elif self.module.tds_DISTRIBUTED:
             function, args = sync.barrier_all, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
         else:
             function, args = sync.enter, (self._epoch_cell,)
-        compiled = function[(1,)](*args)
+        compiled = function[(1,)](*args, **options)
         if self.replay:
             call.enter_replay = Replay(function, compiled, (1,), dict(zip(function.arg_names, args)))
 

@@ -20,6 +20,7 @@ from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach thes
     Arg, FamilySpec, Kind, TensorSpec, kernel_options, linear, ordered_instances, pipeline_stages, pow2_at_least,
     unlinear)
 from tiledsl.runtime.validate import LaunchError
+from tiledsl.topology import Topology
 
 # Tensor sets a program keeps prepared calls (and their CUDA graphs) for. Each keeps its caller tensors
 # alive: a loop that allocates new outputs every step should reuse them, or call `release()`.
@@ -67,6 +68,13 @@ class Program(Issuing):
         self._staging = any(t.staged for t in module.tds_TENSORS)
         self.epoch = 0
         self.callers = [t for t in module.tds_TENSORS if t.role in ("in", "out", "inout")]
+        if module.tds_DISTRIBUTED and self.topology.nodes > 1 and not self.spans_nodes:
+            name = (module.__doc__ or "this program").split(":")[0]
+            raise LaunchError(
+                f"{name}: this launch has {self.topology} ranks, and the program names no topology: it reaches "
+                "other ranks through peer pointers and signals, which stay within a node. Use a program written "
+                "for nodes (one that names `node`, `local_world`, ...: programs/hier_*.tds), or launch within one "
+                "node")
         self._resources: dict = {}
         self._calls: dict = {}
         self._comm_stream = None
@@ -79,6 +87,15 @@ class Program(Issuing):
     @property
     def world(self) -> int:
         return self.heap.world if self.heap is not None else 1
+
+    @property
+    def topology(self) -> Topology:
+        return self.heap.topology if self.heap is not None else Topology.one_node(1)
+
+    @property
+    def spans_nodes(self) -> bool:
+        """Written for several nodes (it names the topology): it may run on any."""
+        return getattr(self.module, "tds_SPANS_NODES", False)
 
     @property
     def device(self) -> torch.device:
@@ -94,6 +111,7 @@ class Program(Issuing):
         if self.heap is None and (self.module.tds_DISTRIBUTED or self.world > 1):
             raise LaunchError("this program communicates: give it a symmetric heap "
                               "(tiledsl.runtime.heap.open_heap() under torchrun)")
+
         shapes = self.module.tds_tensor_shapes(env)
         counts = self.module.tds_counts(env)
         res: dict = {}
@@ -115,10 +133,15 @@ class Program(Issuing):
                 res[f"count_{spec.name}"] = torch.zeros(counts[spec.name], dtype=torch.int32, device=self.device)
             if spec.notify:
                 slots = counts[spec.name] * spec.split
-                # NVSHMEM writes 64-bit signals; everything else uses 32-bit slots
-                dtype = torch.int64 if spec.engine == "nvshmem" else torch.int32
+                # NVSHMEM writes 64-bit signals (a put's, a signal from another node); other slots are 32-bit
+                dtype = torch.int64 if spec.engine == "nvshmem" or spec.notify == "world" else torch.int32
                 res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots), dtype)
-        if self.module.tds_DISTRIBUTED:
+        if self.module.tds_DISTRIBUTED and self.spans_nodes:
+            # two levels: one slot per rank of the node, then one per node (an NVSHMEM signal, 64-bit);
+            # entry, then exit slots
+            levels = self.topology.local_world + self.topology.nodes
+            res["barrier"] = self._alloc_signals((2 * levels,), torch.int64)
+        elif self.module.tds_DISTRIBUTED:
             res["barrier"] = self._alloc_signals((2 * self.world,), torch.int32)  # entry, then exit slots
         for name, order in self.module.tds_orders(env).items():
             res[f"order_{name}"] = order
@@ -145,16 +168,19 @@ class Program(Issuing):
             return self.heap.alloc(shape, dtype)
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
-    def _peer_offsets(self, tensor, shared=None):
-        """Element offsets from `tensor` to each rank's copy of it, or of `shared` (its staged copy)."""
+    def _peer_offsets(self, tensor, shared=None, shmem: bool = False):
+        """Element offsets from `tensor` to each rank's copy of it, or of `shared` (its staged copy). With
+        `shmem`, the table of the emulator's NVSHMEM stand-ins, which reaches other nodes too (on a GPU,
+        NVSHMEM addresses PEs itself and reads no table: it gets the pointer table)."""
         if self.heap is None:
             return torch.zeros(1, dtype=torch.int64, device=self.device)
+        offsets = self.heap.shmem_offsets if shmem and self.emulated else self.heap.peer_offsets
         if shared is None:
-            return self.heap.peer_offsets(tensor)
+            return offsets(tensor)
         delta, rest = divmod(shared.data_ptr() - tensor.data_ptr(), tensor.element_size())
         if rest:
             raise LaunchError(f"a tensor's address is not a multiple of its element size ({tensor.element_size()})")
-        return self.heap.peer_offsets(shared) + delta
+        return offsets(shared) + delta
 
     # ---- one call -------------------------------------------------------------------------------
     # torch.compile calls a program as it is (a graph break); tiledsl.ops offers custom ops that compile whole
@@ -204,7 +230,7 @@ class Program(Issuing):
 
     def _prepare(self, tensors, parity: int) -> "PreparedCall":
         env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
-                             self.device)
+                             self.device, self.topology)
         if self._epoch_cell is None:
             # [epoch, programs finished]: the second is the count a kernel that is its own entry keeps
             self._epoch_cell = torch.zeros(2, dtype=torch.int32, device=self.device)
@@ -226,7 +252,11 @@ class Program(Issuing):
                 views[spec.name] = res[spec.name]
         staged = [(shared[name], tensors[name]) for name in shared if name not in in_place]
         barrier = ()
-        if self.module.tds_DISTRIBUTED:
+        if self.module.tds_DISTRIBUTED and self.spans_nodes:
+            topology = self.topology
+            barrier = (res["barrier"], self._peer_offsets(res["barrier"]),
+                       self._peer_offsets(res["barrier"], shmem=True), self.rank, topology.nodes, topology.local_world)
+        elif self.module.tds_DISTRIBUTED:
             barrier = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world)
         copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
                   for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
@@ -265,6 +295,12 @@ class Program(Issuing):
                 a[arg.name] = res[f"sig_{arg.of}"]
             elif kind is Kind.SIGNAL_PEERS:
                 a[arg.name] = self._peer_offsets(res[f"sig_{arg.of}"])
+            elif kind is Kind.SHMEM:
+                a[arg.name] = self._peer_offsets(views[arg.of], shared.get(arg.of), shmem=True)
+            elif kind is Kind.SIGNAL_SHMEM:
+                a[arg.name] = self._peer_offsets(res[f"sig_{arg.of}"], shmem=True)
+            elif kind is Kind.BARRIER_SHMEM:
+                a[arg.name] = barrier[2]
             elif kind is Kind.ORDER:
                 a[arg.name] = res[f"order_table_{arg.of}"]
             elif kind is Kind.COUNT:
@@ -336,8 +372,11 @@ class Program(Issuing):
             return self.heap.peer(shared.get(name, views[name]), owner)
 
         signals = res.get(f"sig_{spec.name}")
-        # a waiter on this rank (a local edge) reads this rank's slot; one elsewhere, its own copy
-        ranks = [] if signals is None else [self.rank] if spec.notify == "local" else list(range(self.world))
+        # a waiter on this rank (a local edge) reads this rank's slot; one elsewhere, its own copy (of
+        # this node: the checker refuses a wait on a copy-engine chunk from another node)
+        node = [r for r in range(self.world) if self.topology.same_node(self.rank, r)]
+        ranks = [] if signals is None else [self.rank] if spec.notify == "local" else \
+            node if spec.notify == "node" else list(range(self.world))
         view_of = getattr(self.module, f"tds_views_{spec.name}")
         waits_of = getattr(self.module, f"tds_waits_{spec.name}", None)
         count = self.module.tds_counts(env)[spec.name]

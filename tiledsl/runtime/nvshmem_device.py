@@ -34,6 +34,20 @@ def _putmem_signal_block(dst, src, nbytes, sig_addr, signal, sig_op, pe, _semant
 
 
 @core.extern
+def _getmem_block(dst, src, nbytes, pe, _semantic=None):
+    return core.extern_elementwise("", "", [dst, src, nbytes, pe], {
+        (core.int64, core.int64, core.int64, core.int32): ("nvshmemx_getmem_block", core.int32),
+    }, is_pure=False, _semantic=_semantic)
+
+
+@core.extern
+def _signal_op(sig_addr, signal, sig_op, pe, _semantic=None):
+    return core.extern_elementwise("", "", [sig_addr, signal, sig_op, pe], {
+        (core.int64, core.uint64, core.int32, core.int32): ("nvshmemx_signal_op", core.int32),
+    }, is_pure=False, _semantic=_semantic)
+
+
+@core.extern
 def _signal_wait_until(sig_addr, cmp, value, _semantic=None):
     return core.extern_elementwise("", "", [sig_addr, cmp, value], {
         (core.int64, core.int32, core.uint64): ("nvshmem_signal_wait_until", core.uint64),
@@ -77,6 +91,22 @@ def putmem_signal_block(dst_ptr, src_ptr, nbytes, sig_ptr, signal, sig_op, pe):
     _putmem_signal_block(tl.cast(dst_ptr, tl.int64), tl.cast(src_ptr, tl.int64), tl.cast(nbytes, tl.int64),
                          tl.cast(sig_ptr, tl.int64), tl.cast(signal, tl.uint64), tl.cast(sig_op, tl.int32),
                          tl.cast(pe, tl.int32))
+
+
+@triton.jit
+def getmem_block(dst_ptr, src_ptr, nbytes, pe):
+    """Whole block: copy `nbytes` from `src_ptr` on PE `pe` (this PE's symmetric address of it) to local
+    `dst_ptr`; the bytes are there when it returns."""
+    _getmem_block(tl.cast(dst_ptr, tl.int64), tl.cast(src_ptr, tl.int64), tl.cast(nbytes, tl.int64),
+                  tl.cast(pe, tl.int32))
+
+
+@triton.jit
+def signal_op(sig_ptr, signal, sig_op, pe):
+    """Apply `sig_op` with `signal` to the uint64 at `sig_ptr` (this PE's symmetric address) on PE `pe`.
+    A thread-level call: every thread of the program issues it (SET of one value: the same result once
+    or many times)."""
+    _signal_op(tl.cast(sig_ptr, tl.int64), tl.cast(signal, tl.uint64), tl.cast(sig_op, tl.int32), tl.cast(pe, tl.int32))
 
 
 @triton.jit

@@ -37,15 +37,22 @@ def declared(schedule: ir.Schedule, tensor: str) -> str:
 
 class Reference:
     def __init__(self, schedule: ir.Schedule, world: int, sizes: dict[str, int], consts: dict[str, int] | None = None,
-                 dtype_map: dict[str, str] | None = None):
+                 dtype_map: dict[str, str] | None = None, nodes: int = 1):
         self.schedule = schedule
         self.dtype_map = dtype_map or {}  # emulation stores bf16 tensors as float32: round like it does
         self.world = world
+        self.nodes = nodes
         self.sizes = {**(consts or {}), **sizes}
-        self.env = {"world": world, **schedule.consts, **(consts or {}), **sizes}
+        self.env = {"world": world, "nodes": nodes, "local_world": world // nodes, **schedule.consts, **(consts or {}),
+                    **sizes}
+
+    def rank_env(self, rank: int) -> dict:
+        """The sizes, and this rank with its node and place in the node as the IR defines them."""
+        env = {**self.env, "rank": rank}
+        return {**env, **{symbol.name: evaluate(value, env) for symbol, value in ir.RANK_PARTS.items()}}
 
     def shapes(self, rank: int = 0) -> dict[str, tuple[int, ...]]:
-        env = {**self.env, "rank": rank}
+        env = self.rank_env(rank)
         return {n: tuple(evaluate(d, env) for d in t.shape) for n, t in self.schedule.tensors.items()}
 
     def run(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
@@ -69,13 +76,13 @@ class Reference:
         # a caller tensor read on a peer (`X@s`) is read from its copy staged at the call's start
         staged = self.schedule.staged_inputs()
         self.staged = [{n: tensors[n].clone() for n in staged} for tensors in state]
-        concrete = instantiate(self.schedule, self.world, self.sizes)
+        concrete = instantiate(self.schedule, self.world, self.sizes, self.nodes)
         self.names: dict[int, dict] = {}  # an instance with a block: its names, from node to node
         for node in concrete.runnable():
             position, step = concrete.instance_of(node)
             instance = concrete.instances[position]
             family = self.schedule.families[instance.family]
-            env = {**self.env, "rank": instance.rank, **dict(zip(family.index_names, instance.index))}
+            env = {**self.rank_env(instance.rank), **dict(zip(family.index_names, instance.index))}
             if not self.resolve(runs_when(self.schedule, family), env, instance.rank):
                 continue  # every write past the valid rows: nothing to do, at any of its nodes
             if family.body:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from tiledsl import pipeline
 from tiledsl.diagnostics import TdsError, error
-import sympy
-
 from tiledsl.runtime.reference import Reference, evaluate
 from tiledsl.tables import DTYPES
+from tiledsl.topology import NODES_VARIABLE
 
 # The interpreter computes bf16 `tl.dot` wrongly (triton 3.9); emulation runs bf16 tensors as float32.
 EMULATED_DTYPES = {"bfloat16": "float32"}
@@ -34,11 +34,12 @@ class Verdict:
         return f"{self.tensor}: {mark} (max relative error {self.max_error:.2e}{self.note})"
 
 
-def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict, consts: dict | None = None) -> list[dict]:
+def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict, consts: dict | None = None,
+                nodes: int = 1) -> list[dict]:
     """Random inputs for every rank: normal values, for an integer tensor of ids values its uses accept
     (`id_bounds`), distinct along each row where a row can hold distinct ones (a top-k), and for counts
     declared with a cap values 0 .. cap."""
-    reference = Reference(schedule, world, sizes, consts)
+    reference = Reference(schedule, world, sizes, consts, nodes=nodes)
     generator = torch.Generator().manual_seed(seed)
     bounds = {name: evaluate(bound, reference.env) for name, bound in id_bounds(schedule).items()}
     inputs = []
@@ -132,26 +133,30 @@ def program_schedule(source: str):
 
 
 def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
-                 consts: dict | None = None, timeout_s: float = 20.0) -> list[Verdict]:
-    """Run a program on `world` emulated ranks, `calls` times on fresh random inputs each, and compare
-    every call's outputs with the reference. Fresh inputs matter: a wait that let a consumer through
-    too early on a later call would otherwise read the last call's identical data and pass."""
+                 consts: dict | None = None, timeout_s: float = 20.0, nodes: int | None = None) -> list[Verdict]:
+    """Run a program on `world` emulated ranks (in `nodes` nodes: default TILEDSL_NODES, else one), `calls`
+    times on fresh random inputs each, and compare every call's outputs with the reference. Fresh inputs
+    matter: a wait that let a consumer through too early on a later call would otherwise read the last
+    call's identical data and pass."""
     from tiledsl.runtime.emulate import run_ranks
     schedule = program_schedule(source)
     consts = consts or {}
-    sizes = launch_sizes(schedule, world, sizes or {}, consts)
-    inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, consts) for call in range(calls)]
-    reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES)
+    nodes = nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1)
+    sizes = launch_sizes(schedule, world, sizes or {}, consts, nodes)
+    inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, consts, nodes)
+              for call in range(calls)]
+    reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES, nodes)
     shapes = [reference.shapes(rank) for rank in range(world)]
     results = run_ranks(_emulated_rank, world, os.fspath(source), consts, shapes, inputs, EMULATED_DTYPES,
-                        timeout_s)
+                        timeout_s, nodes=nodes)
     expected = [reference.run(each) for each in inputs]
     verdicts = []
     for name, tensor in schedule.tensors.items():
         if tensor.role.value not in ("out", "inout"):
             continue
         dtype = rounded_dtype(schedule, name, EMULATED_DTYPES.get(tensor.dtype, tensor.dtype))
-        note = f", world {world}, {', '.join(f'{k}={v}' for k, v in sizes.items())}"
+        where = f"world {world}" if nodes == 1 else f"{nodes} nodes x {world // nodes}"
+        note = f", {where}, {', '.join(f'{k}={v}' for k, v in sizes.items())}"
         if calls > 1:
             note += f", {calls} calls on fresh inputs"
         if dtype != tensor.dtype:
@@ -218,24 +223,32 @@ def _casts(family):
     yield from statements(family.body or family.stores)
 
 
-def launch_sizes(schedule, world: int, given: dict, consts: dict) -> dict:
+def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1) -> dict:
     """The given sizes, the rest from `default_sizes`; sizes the program cannot run at are reported
     against the .tds line that needs them, before any rank starts."""
-    from tiledsl.schedule.meaning import compile_exprs, default_sizes, size_symbols
+    from tiledsl.schedule.meaning import compile_exprs, default_sizes, size_symbols, size_values
     program = schedule.program
+    if world % nodes:
+        raise TdsError([error(f"{world} ranks do not split into {nodes} nodes of equal size", program.name.span)],
+                       program.path, program.source)
+    if nodes > 1 and not schedule.spans_nodes:
+        raise TdsError([error(f"{schedule.name} names no topology: it reaches other ranks through peer pointers, "
+                              f"which stay within a node, so it does not run on {nodes} nodes", program.name.span,
+                              hint="programs written for nodes name `node`, `local_world`, ...: "
+                                   "programs/hier_*.tds")], program.path, program.source)
     unknown = sorted(set(given) - set(schedule.params))
     if unknown:
         raise TdsError([error(f"no param named {', '.join(unknown)}; the params are "
                               f"{', '.join(schedule.params) or 'none'}", program.name.span)],
                        program.path, program.source)
     try:
-        sizes = {**default_sizes(schedule, world), **given}
+        sizes = {**default_sizes(schedule, world, nodes=nodes), **given}
     except ValueError as why:
         if set(given) != set(schedule.params):
             raise TdsError([error(f"{why}: give every param (--size NAME=VALUE)", program.name.span)],
                            program.path, program.source) from None
         sizes = dict(given)
-    values = (*(sizes[p] for p in schedule.params), *(consts.get(c, v) for c, v in schedule.consts.items()), world)
+    values = size_values(schedule, world, {**sizes, **consts}, nodes)
     holds = compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))(*values)
     shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
     broken = {(c.message, c.span): error(f"{c.message} (at {shown}, world {world})", c.span)
@@ -277,7 +290,8 @@ def main_run(args) -> int:
         from tiledsl.runtime.gpu_run import run_gpu
         verdicts = run_gpu(args.file, sizes, args.seed)
     else:
-        verdicts = run_emulated(args.file, args.world or EMULATED_WORLD, sizes, args.seed)
+        verdicts = run_emulated(args.file, args.world or EMULATED_WORLD, sizes, args.seed,
+                                nodes=getattr(args, "nodes", None))
     for verdict in verdicts:
         print(f"{args.file}: {verdict.line()}")
     return 0 if all(v.ok for v in verdicts) else 1

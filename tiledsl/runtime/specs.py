@@ -24,8 +24,13 @@ class Kind(str, enum.Enum):
     EPOCH_CELL = "epoch_cell"      # [this call's epoch, programs finished] (int32)
     DIAG = "diag"                  # where a wait that gives up records rank, edge, instance and epochs
     MAX_SPINS = "max_spins"        # a wait's bound, in reads of its slot
-    BARRIER = "barrier"            # the entry barrier's slots, one per rank
+    BARRIER = "barrier"            # the entry barrier's slots, one per rank (per rank of the node, then per node)
     BARRIER_PEERS = "barrier_peers"
+    # element offsets to each PE's copy of a tensor, signals or barrier that NVSHMEM reaches: read only by
+    # the emulator's stand-ins of NVSHMEM calls (on a GPU, NVSHMEM addresses a PE by itself)
+    SHMEM = "shmem"
+    SIGNAL_SHMEM = "signal_shmem"
+    BARRIER_SHMEM = "barrier_shmem"
     CONST = "const"                # a compile-time size (constexpr)
     BLOCK = "block"                # a launch-time power-of-two block (constexpr)
     ROLE = "role"                  # which programs run which family, and whether the kernel is the entry

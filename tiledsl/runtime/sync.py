@@ -9,6 +9,12 @@ suffice, and slots only grow (epoch e+1 overwrites e), so no reset is needed bet
 Every wait is bounded: after `max_spins` reads it records rank, edge, instance, expected and seen
 epoch in the diagnostics buffer and gives up; later waits see the flag and give up at once, so a
 broken schedule ends in a named error from the launcher instead of a hang.
+
+Across nodes there is no peer pointer: a signal to another node is an NVSHMEM signal (`signal`, after
+a system-scope fence so that what the program stored is visible to whoever reads it next, an NVSHMEM
+get say), 64-bit, and its waiter, after the same bounded spin, calls NVSHMEM's own wait once the value
+is there (`wait_shmem`), which enforces what NVSHMEM needs for data that came over the network. The
+entry barrier of a program written for several nodes has two levels (`arrive_nodes`).
 """
 import os
 
@@ -150,6 +156,55 @@ def copy_put(dst_ptr, src_ptr, nelems, sig_ptr, epoch, pe, peers_dst, peers_sig,
 
 
 @triton.jit
+def copy_get(dst_ptr, src_ptr, nelems, pe, peers_src, rank, BLOCK: tl.constexpr):
+    """A get done by this program's own loads and stores, for the emulator: `peers_src` is the PE table
+    of `src_ptr`, which only NVSHMEM's stand-ins receive."""
+    remote = src_ptr + tl.load(peers_src + pe)
+    for start in range(0, nelems, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(remote + offs, mask=offs < nelems), mask=offs < nelems)
+
+
+@triton.jit
+def copy_signal(sig_ptr, epoch, pe, peers_sig):
+    """An NVSHMEM signal done by this program's own store: what nvshmemx_signal_op does, for the
+    emulator. `peers_sig` is the PE table only NVSHMEM's stand-ins receive."""
+    notify(sig_ptr + tl.load(peers_sig + pe), epoch)
+
+
+@triton.jit
+def arrive_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch, first, diag, max_spins, edge):
+    """The entry barrier in two levels (`edge` BARRIER_EDGE; the exit barrier too, on the slots after the
+    entry's, EXIT_EDGE). Slots 0 .. local_world-1 of `bar_ptr`: each rank of this node
+    arrived (stored through peer pointers); slots local_world + m: the rank of this local rank on node m
+    saw its whole node arrive (an NVSHMEM signal). Passing both levels, every rank of every node has
+    arrived: a node's signal is sent only once that node's first level is complete. The program with
+    `first` sends this rank's stores and signals; every program waits."""
+    node = rank // local_world
+    local_rank = rank % local_world
+    if first:
+        for r in range(node * local_world, node * local_world + local_world):
+            notify(bar_ptr + tl.load(peers_bar + r) + local_rank, epoch)
+    for r in range(0, local_world):
+        wait(bar_ptr + r, epoch, diag=diag, max_spins=max_spins, rank=rank, edge=edge, instance=node * local_world + r)
+    if first:
+        for m in range(1, nodes):
+            signal(bar_ptr + local_world + node, epoch, ((node + m) % nodes) * local_world + local_rank, shmem_bar)
+    for m in range(1, nodes):
+        other = (node + m) % nodes
+        wait_shmem(bar_ptr + local_world + other, epoch, diag=diag, max_spins=max_spins, rank=rank, edge=edge,
+                   instance=other * local_world + local_rank)
+
+
+@triton.jit(do_not_specialize=["rank", "max_spins"])
+def barrier_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch_cell, diag_ptr, max_spins):
+    """The entry of a call of a program written for several nodes, as a kernel of its own: advance the
+    epoch, then the two-level barrier."""
+    epoch = advance(epoch_cell)
+    arrive_nodes(bar_ptr, peers_bar, shmem_bar, rank, nodes, local_world, epoch, True, diag_ptr, max_spins, -1)
+
+
+@triton.jit
 def no_fence():
     pass
 
@@ -167,14 +222,46 @@ def proxy_fence():
 
 if EMULATED:
     put_signal = copy_put
+    get = copy_get
+    signal = copy_signal
+    wait_shmem = wait       # the stand-ins store through shared memory, which the spin reads
     fence_async = no_fence  # the interpreter runs no PTX, and has one proxy
 else:
     fence_async = proxy_fence
     from tiledsl.runtime import nvshmem_device
 
     @triton.jit
+    def signal(sig_ptr, epoch, pe, peers_sig):
+        # every thread's stores of this instance visible at system scope before the signal leaves (the
+        # waiter on the other node may read them with an NVSHMEM get); NVSHMEM takes it from there
+        tl.debug_barrier()
+        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+        nvshmem_device.signal_op(sig_ptr, epoch, nvshmem_device.NVSHMEM_SIGNAL_SET, pe)
+
+    @triton.jit
+    def get(dst_ptr, src_ptr, nelems, pe, peers_src, rank, BLOCK: tl.constexpr):
+        # the source's symmetric address is that of this rank's copy (of a staged input: the heap copy
+        # its peers read, `peers_src[rank]` from the caller's tensor); the rows are here on return
+        here = src_ptr + tl.load(peers_src + rank)
+        nbytes = nelems.to(tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        if nbytes > 0:
+            nvshmem_device.getmem_block(dst_ptr, here, nbytes, pe)
+
+    @triton.jit
+    def wait_shmem(sig_ptr, epoch, diag, max_spins, rank, edge, instance):
+        wait(sig_ptr, epoch, diag, max_spins, rank, edge, instance)
+        # the value is there (unless the wait gave up): NVSHMEM's wait returns at once, after doing
+        # what its transport needs for the data that came with or before the signal to be visible
+        if tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys") >= epoch:
+            nvshmem_device.signal_wait_until(sig_ptr, nvshmem_device.NVSHMEM_CMP_GE, epoch)
+
+    @triton.jit
     def put_signal(dst_ptr, src_ptr, nelems, sig_ptr, epoch, pe, peers_dst, peers_sig, BLOCK: tl.constexpr):
         # NVSHMEM orders the data before the signal on the target PE; the signal slot is symmetric
         nbytes = nelems.to(tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        nvshmem_device.putmem_signal_block(dst_ptr, src_ptr, nbytes, sig_ptr, epoch,
-                                           nvshmem_device.NVSHMEM_SIGNAL_SET, pe)
+        if nbytes > 0:
+            nvshmem_device.putmem_signal_block(dst_ptr, src_ptr, nbytes, sig_ptr, epoch,
+                                               nvshmem_device.NVSHMEM_SIGNAL_SET, pe)
+        else:  # a region clipped away whole (past the end of a ragged size): the signal alone
+            nvshmem_device.signal_op(sig_ptr, epoch, nvshmem_device.NVSHMEM_SIGNAL_SET, pe)

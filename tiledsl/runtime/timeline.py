@@ -11,6 +11,7 @@ time spent waiting hatched, idle time left blank."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 
@@ -158,7 +159,7 @@ def draw(all_events: list[Event], path) -> None:
 
 # ---- `tiledsl trace` -------------------------------------------------------------------------------
 
-def _traced_rank(heap, source: str, sizes: dict, calls: int, dtype_map: dict, timeout_s: float):
+def _traced_rank(heap, source: str, sizes: dict, calls: int, dtype_map: dict, timeout_s: float, nodes: int):
     """One emulated rank: the program traced, `calls` calls on random inputs, the last call's events."""
     import torch
 
@@ -169,9 +170,9 @@ def _traced_rank(heap, source: str, sizes: dict, calls: int, dtype_map: dict, ti
     program = tiledsl.compile(source, heap, emulated=True, trace=True, dtype_override=override,
                               wait_timeout_s=timeout_s)
     schedule = program_schedule(source)
-    shapes = Reference(schedule, heap.world, sizes).shapes(heap.rank)
+    shapes = Reference(schedule, heap.world, sizes, nodes=nodes).shapes(heap.rank)
     for call in range(calls):
-        inputs = make_inputs(schedule, heap.world, sizes, call, dtype_map)[heap.rank]
+        inputs = make_inputs(schedule, heap.world, sizes, call, dtype_map, nodes=nodes)[heap.rank]
         program(**{s.name: inputs[s.name] if s.name in inputs else
                    torch.empty(shapes[s.name], dtype=override.get(s.dtype, getattr(torch, s.dtype)))
                    for s in program.callers})
@@ -180,13 +181,16 @@ def _traced_rank(heap, source: str, sizes: dict, calls: int, dtype_map: dict, ti
     return found
 
 
-def trace_emulated(source: str, world: int, sizes: dict, calls: int = 1) -> list[Event]:
-    """Every rank's events of the last of `calls` emulated calls."""
+def trace_emulated(source: str, world: int, sizes: dict, calls: int = 1, nodes: int | None = None) -> list[Event]:
+    """Every rank's events of the last of `calls` emulated calls, the ranks posing as `nodes` nodes
+    (default TILEDSL_NODES, else one)."""
     from tiledsl.runtime.emulate import run_ranks
     from tiledsl.runtime.run_program import EMULATED_DTYPES, launch_sizes, program_schedule
+    from tiledsl.topology import NODES_VARIABLE
+    nodes = nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1)
     schedule = program_schedule(source)
-    sizes = launch_sizes(schedule, world, sizes, {})
-    per_rank = run_ranks(_traced_rank, world, source, sizes, calls, EMULATED_DTYPES, 20.0)
+    sizes = launch_sizes(schedule, world, sizes, {}, nodes)
+    per_rank = run_ranks(_traced_rank, world, source, sizes, calls, EMULATED_DTYPES, 20.0, nodes, nodes=nodes)
     return [e for rank in per_rank for e in rank]
 
 
@@ -200,17 +204,19 @@ def trace_gpu(source: str, sizes: dict, calls: int = 3) -> list[Event] | None:
     from tiledsl.runtime.reference import Reference
     from tiledsl.runtime.run_program import make_inputs, program_schedule
     from tiledsl.schedule.meaning import default_sizes
+    from tiledsl.topology import declared
     disable_multicast()
     if not dist.is_initialized():
         dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
     schedule = program_schedule(source)
-    sizes = {**default_sizes(schedule, world), **sizes}
-    shapes = Reference(schedule, world, sizes).shapes(rank)
+    nodes = declared(world).nodes if schedule.spans_nodes else 1  # a one-node program is refused on more
+    sizes = {**default_sizes(schedule, world, nodes=nodes), **sizes}
+    shapes = Reference(schedule, world, sizes, nodes=nodes).shapes(rank)
     with open_heap() as heap:
         program = tiledsl.compile(source, heap, trace=True)
-        inputs = make_inputs(schedule, world, sizes, 0, {})[rank]
+        inputs = make_inputs(schedule, world, sizes, 0, {}, nodes=nodes)[rank]
         args = {s.name: inputs[s.name].cuda() if s.name in inputs else
                 torch.empty(shapes[s.name], dtype=getattr(torch, s.dtype), device="cuda") for s in program.callers}
         for _ in range(calls):

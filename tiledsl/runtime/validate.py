@@ -31,9 +31,10 @@ def bind(program_name: str, callers, args, kwargs) -> dict[str, torch.Tensor]:
     return bound
 
 def sizes(module, callers, tensors: dict[str, torch.Tensor], rank: int, world: int, dtype_override: dict,
-          device) -> dict:
+          device, topology=None) -> dict:
     """The program's sizes from the tensors' shapes, after checking every tensor against its declaration:
     dimensions, launch conditions, shape, dtype, contiguity and device, each failure naming the tensor."""
+    nodes, local_world = (topology.nodes, topology.local_world) if topology is not None else (1, world)
     shapes = {n: tuple(t.shape) for n, t in tensors.items()}
     ranks_of = {name: len(shape) for name, shape in module.tds_tensor_shapes(_dummy_env(module, world)).items()}
     for spec in callers:
@@ -41,7 +42,7 @@ def sizes(module, callers, tensors: dict[str, torch.Tensor], rank: int, world: i
         if len(shapes[spec.name]) != expected_rank:
             raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected {expected_rank} dimensions, "
                               f"got shape {list(shapes[spec.name])}")
-    env = {"rank": rank, "world": world, **module.tds_CONSTS}
+    env = {"rank": rank, "world": world, "nodes": nodes, "local_world": local_world, **module.tds_CONSTS}
     try:
         env.update(module.tds_infer_params(shapes, world))
     except ZeroDivisionError:
@@ -89,6 +90,6 @@ def _tma_rows(module, shapes: dict, tensors: dict, dtype_override: dict) -> None
 
 def _dummy_env(module, world: int) -> dict:
     """Sizes that only serve to count each tensor's dimensions."""
-    env = {"rank": 0, "world": max(1, world), **module.tds_CONSTS}
+    env = {"rank": 0, "world": max(1, world), "nodes": 1, "local_world": max(1, world), **module.tds_CONSTS}
     env.update({p: world * 4096 for p in module.tds_PARAMS})
     return env

@@ -14,7 +14,9 @@ from tiledsl.schedule import ir
 from tiledsl.schedule.values import ValueBuilder, same, shape_text
 from tiledsl.tables import SPELLINGS
 
-BUILTIN_SIZES = {"world": ir.WORLD}
+BUILTIN_SIZES = {"world": ir.WORLD, "nodes": ir.NODES, "local_world": ir.LOCAL_WORLD}
+# where a rank is known (families, edges, orders): this rank, and its node and place in the node
+RANK_NAMES = {"rank": ir.RANK, "node": ir.NODE, "local_rank": ir.LOCAL_RANK}
 MAX_ERRORS = 50
 
 
@@ -63,6 +65,7 @@ class Builder:
         self.tensors: dict[str, ir.Tensor] = {}
         self.lets: list[tuple[str, sympy.Expr]] = []
         self.values = ValueBuilder(self)
+        self.spans_nodes = False  # a topology name was used
         # `wait` statements in tiles' loops: (tile, dep, scope, loop variable), edges once families exist
         self.pending_waits: list = []
 
@@ -96,6 +99,8 @@ class Builder:
             return sympy.Integer(expr.value)
         if isinstance(expr, ast.Name):
             found = scope.lookup(expr.id)
+            if found is not None and expr.id in ir.TOPOLOGY_NAMES:
+                self.spans_nodes = True
             if found is None:
                 if expr.id in self.tensors:
                     self.fail(f"'{expr.id}' is a tensor; a size or index is needed here", expr.span)
@@ -136,7 +141,7 @@ class Builder:
         return None
 
     def divide(self, left, right, span, scope) -> sympy.Expr:
-        index_symbols = set(scope.indices.values()) | {ir.RANK}
+        index_symbols = set(scope.indices.values()) | set(RANK_NAMES.values())
         if (left.free_symbols | right.free_symbols) & index_symbols:
             return sympy.floor(left / right)
         quotient = left / right
@@ -232,7 +237,7 @@ class Builder:
         if self.diagnostics:
             raise TdsError(self.diagnostics, program.path, program.source)
         return ir.Schedule(program, tuple(params), dict(self.consts), dict(self.tunables), dict(self.tensors),
-                           families, tuple(edges), tuple(self.conditions), tuple(self.lets))
+                           families, tuple(edges), tuple(self.conditions), tuple(self.lets), self.spans_nodes)
 
     def require(self, decl: ast.RequireDecl, scope: _Scope) -> None:
         """A launch condition stated by the program: refused now if it can never hold, kept otherwise."""
@@ -324,16 +329,18 @@ class Builder:
                 self.fail(f"index '{var.name.id}' shadows another name", var.name.span)
                 continue
             symbols[var.name.id] = ir.index_symbol(var.name.id)
-            if extent is not None and ir.RANK in extent.free_symbols:
+            rank = extent.free_symbols & set(RANK_NAMES.values()) if extent is not None else set()
+            if rank:
                 # signal slots and the checker's proof assume one index space on every rank
-                self.fail("an index space may not depend on `rank`: every rank runs the same instances",
-                          var.extent.span, hint="let the body or an edge depend on rank instead")
+                name = min(map(str, rank))
+                self.fail(f"an index space may not depend on `{name}`: every rank runs the same instances",
+                          var.extent.span, hint=f"let the body or an edge depend on {name} instead")
             elif extent is not None:
                 space.append((symbols[var.name.id], extent))
         return symbols, tuple(space)
 
     def family(self, decl, values: ValueBuilder) -> ir.Family | None:
-        base = _Scope(self.sizes, {"rank": ir.RANK})
+        base = _Scope(self.sizes, RANK_NAMES)
         symbols, space = self.index_space(decl.indices, base)
         scope = base.child(**symbols)
         kind = ir.Kind.TILE if isinstance(decl, ast.TileDecl) else ir.Kind.CHUNK
@@ -357,7 +364,7 @@ class Builder:
                       decl.consumer.span)
             return []
         renamed = {b.id: sym for b, (sym, _) in zip(decl.bound, consumer.indices)}
-        scope = _Scope(self.sizes, {"rank": ir.RANK, **renamed})
+        scope = _Scope(self.sizes, {**RANK_NAMES, **renamed})
         out = [self.dep_edge(consumer, dep, scope, families) for dep in decl.deps]
         return [edge for edge in out if edge is not None]
 
@@ -373,17 +380,37 @@ class Builder:
             return None
         before = self.failures
         index_map = tuple(None if isinstance(i, ast.AllInstances) else self.size(i, scope) for i in dep.index)
+        rank_var = rank_extent = None
         if isinstance(dep.ranks, ast.EveryRank):
             ranks, rank_expr = ir.RankSet.EVERY, None
         elif dep.ranks is None:
             ranks, rank_expr = ir.RankSet.LOCAL, None
+        elif isinstance(dep.ranks, ast.RanksFor):
+            ranks = ir.RankSet.SET
+            rank_var, rank_expr, rank_extent = self.ranks_for(dep.ranks, scope)
         else:
             ranks, rank_expr = ir.RankSet.AT, self.size(dep.ranks, scope)
         if producer.name == consumer.name and (ranks is not ir.RankSet.LOCAL or loop is not None):
             self.fail("a family may only wait on its own instances on the same rank, before it starts", dep.span)
         if self.failures > before:
             return None
-        return ir.Edge(consumer.name, producer.name, index_map, ranks, rank_expr, dep.span, loop)
+        return ir.Edge(consumer.name, producer.name, index_map, ranks, rank_expr, dep.span, rank_var, rank_extent,
+                       loop)
+
+    def ranks_for(self, ranks: ast.RanksFor, scope: _Scope):
+        """`(s*local_world + local_rank for s in nodes)`: the variable, the rank over it, its extent."""
+        if ranks.var.id in scope.indices or ranks.var.id in self.sizes:
+            self.fail(f"'{ranks.var.id}' is already a name here", ranks.var.span)
+            return None, None, None
+        var = ir.index_symbol(ranks.var.id)
+        extent = self.size(ranks.extent, scope)
+        if extent is not None and extent.free_symbols - set(BUILTIN_SIZES.values()) - {
+                ir.size_symbol(n) for n in self.consts}:
+            # the plan loops over it in every waiting instance, as it loops over `every rank`
+            self.fail("the ranks' extent must be known from the topology and consts alone", ranks.extent.span,
+                      hint="nodes, local_world or world")
+            return None, None, None
+        return var, self.size(ranks.rank, scope.child(**{ranks.var.id: var})), extent
 
     def family_named(self, name: ast.Name, families: dict[str, ir.Family]) -> ir.Family | None:
         if name.id not in families:
@@ -401,7 +428,7 @@ class Builder:
         if family.order:
             self.fail(f"'{family.name}' already has an order", decl.span)
             return
-        scope = _Scope(self.sizes, {"rank": ir.RANK, **dict(zip(family.index_names, (s for s, _ in family.indices)))})
+        scope = _Scope(self.sizes, {**RANK_NAMES, **dict(zip(family.index_names, (s for s, _ in family.indices)))})
         keys = tuple(self.size(k, scope) for k in decl.keys)
         if None not in keys:
             families[family.name] = _replace(family, order=keys)

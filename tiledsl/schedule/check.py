@@ -14,14 +14,13 @@ from collections import defaultdict
 
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
-from tiledsl.schedule import ir, races
+from tiledsl.schedule import ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     ragged_sizes)
+                                     ragged_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
 SM_COUNT = 132        # SMs of an H100 / H200: programs that spin on signals must all be resident at once
-WORLDS = (2, 3, 4)    # world sizes the schedule is instantiated at
 
 
 def check(schedule: ir.Schedule) -> list[Diagnostic]:
@@ -35,17 +34,19 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     except FamilyCycleError as why:
         cyclic = why
     unchecked = []
-    for world in WORLDS:
+    checked = topologies(schedule)
+    for topology in checked:
+        world, nodes = topology.world, topology.nodes
         try:
             # sizes the tiles divide, and sizes where last tiles are partial
-            divided = default_sizes(schedule, world)
-            at_sizes = [divided, ragged_sizes(schedule, world, sizes=divided)]
-            concretes = [instantiate(schedule, world, sizes) for sizes in at_sizes if sizes is not None]
+            divided = default_sizes(schedule, world, nodes=nodes)
+            at_sizes = [divided, ragged_sizes(schedule, world, nodes=nodes, sizes=divided)]
+            concretes = [instantiate(schedule, world, sizes, nodes) for sizes in at_sizes if sizes is not None]
         except ValueError as why:
             unchecked.append(str(why))  # the launch conditions exclude this world, say
             continue
         except ArithmeticError as why:
-            unchecked.append(f"{why} at world {world}")  # a size divides by `rank`, say
+            unchecked.append(f"{why} at {topology}")  # a size divides by `rank`, say
             continue
         for n, concrete in enumerate(concretes):
             # the order warning is about speed at sizes a program is meant for, not at ragged edges
@@ -54,7 +55,7 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
     if cyclic is not None and not any(key[0] in ("cycle", "self") for key in found):
         key, diagnostic = _family_cycle(schedule, cyclic)
         found[key] = diagnostic
-    if len(unchecked) == len(WORLDS) and not any(key[0] == "condition" for key in found):
+    if len(unchecked) == len(checked) and not any(key[0] == "condition" for key in found):
         found["unchecked"] = warning(f"races, deadlocks and bounds were not checked: {unchecked[0]}",
                                      schedule.program.name.span)
     return sorted(found.values(), key=lambda d: (d.span.line, d.span.column, d.message))
@@ -62,6 +63,7 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
 
 def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
     yield from _bounds(concrete)
+    yield from transport.findings(concrete)
     yield from _skipped(concrete)
     yield from _unsignalled(concrete)
     # a family waiting on itself or a later instance of its own: named as such, not as a cycle
@@ -296,15 +298,18 @@ def _unsignalled(concrete: Concrete):
     """An NVSHMEM put signals only the rank it writes to (the signal travels with the data, as one
     putmem_signal): a wait on it from any other rank would never see the signal and time out."""
     schedule = concrete.schedule
+    on_puts = {n for n, e in enumerate(schedule.edges) if schedule.families[e.producer].puts}
+    if not on_puts:
+        return
     targets: dict[int, set[int]] = {}
     for access in concrete.accesses:
         if access.write:
             targets.setdefault(access.instance, set()).add(access.copy)
     for wait in concrete.waits:
+        if wait.edge not in on_puts:
+            continue
         edge = schedule.edges[wait.edge]
         producer = schedule.families[edge.producer]
-        if producer.engine.kind is not ir.EngineKind.NVSHMEM:
-            continue
         rank = concrete.instances[wait.consumer].rank
         for p in wait.producers:
             if rank not in targets.get(p, {rank}):

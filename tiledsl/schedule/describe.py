@@ -17,6 +17,10 @@ def describe(schedule: ir.Schedule) -> str:
         lines.append("  consts  " + ", ".join(
             f"{name} = {value}" + (f" (tune {list(schedule.tunables[name])})" if name in schedule.tunables else "")
             for name, value in schedule.consts.items()))
+    if schedule.spans_nodes:  # what node and local_rank stand for, and where the checker proves it
+        from tiledsl.schedule.meaning import topologies
+        lines.append("  topology  " + ", ".join(f"{s} = {v}" for s, v in ir.RANK_PARTS.items())
+                     + "; proved at " + ", ".join(str(t) for t in topologies(schedule)))
     lines.append("tensors")
     width = max((len(name) for name in schedule.tensors), default=0)
     for tensor in schedule.tensors.values():
@@ -142,6 +146,8 @@ def _edge(schedule: ir.Schedule, edge: ir.Edge) -> str:
         text += " @ every rank"
     elif edge.ranks is ir.RankSet.AT:
         text += f" @ {_atom(edge.rank_expr)}"
+    elif edge.ranks is ir.RankSet.SET:
+        text += f" @ ({edge.rank_expr} for {edge.rank_var} in {edge.rank_extent})"
     if edge.loop is not None:
         text += f"   (at each step of {edge.loop})"
     return text

@@ -1,6 +1,7 @@
 """The schedule graph: families of tiles and chunks over index spaces, the regions each instance
 reads and writes, and the edges between them. Sizes and index maps are sympy expressions over the
-program's symbols (params, consts, `rank`, `world`, family indices); `let` names are expanded."""
+program's symbols (params, consts, `rank`, `world`, the topology's `node`, `nodes`, `local_rank` and
+`local_world`, family indices); `let` names are expanded."""
 from __future__ import annotations
 
 import enum
@@ -25,7 +26,7 @@ class Role(enum.Enum):
 class EngineKind(enum.Enum):
     COPY_ENGINE = "copy_engine"  # DMA copies on the communication stream; a stream write signals
     SMS = "sms"                  # Triton programs doing loads and stores (peer stores over NVLink)
-    NVSHMEM = "nvshmem"          # nvshmemx_putmem_signal_block from Triton programs
+    NVSHMEM = "nvshmem"          # from Triton programs: nvshmemx_putmem_signal_block, or getmem_block
 
 
 class Kind(enum.Enum):
@@ -242,6 +243,12 @@ class Family:
         return tuple(str(s) for s, _ in self.indices)
 
     @property
+    def puts(self) -> bool:
+        """An NVSHMEM put: it writes another rank's copy and signals there, with its data. (An NVSHMEM
+        chunk that reads another rank's copy into this rank's is a get: it notifies as SMs do.)"""
+        return self.engine.kind is EngineKind.NVSHMEM and self.writes[0].owner is not None
+
+    @property
     def loop(self) -> Loop | None:
         """The tile's loop (one at most)."""
         return next((s for s in self.body if isinstance(s, Loop)), None)
@@ -280,6 +287,7 @@ class RankSet(enum.Enum):
     LOCAL = "local"  # the producer instance on the consumer's own rank
     EVERY = "every"  # the producer instance on every rank
     AT = "at"        # the producer instance on the rank given by `rank_expr`
+    SET = "set"      # on each rank `rank_expr` gives for `rank_var` in 0 .. `rank_extent`-1
 
 
 @dataclass(frozen=True)
@@ -291,6 +299,9 @@ class Edge:
     ranks: RankSet
     rank_expr: sympy.Expr | None
     span: ast.Span = field(compare=False)
+    # RankSet.SET, `@ (s*local_world + local_rank for s in nodes)`: the variable and its extent
+    rank_var: sympy.Symbol | None = None
+    rank_extent: sympy.Expr | None = None
     # `wait` in the consumer's loop: the loop's variable, which the index map and rank may use; the wait
     # is made at every step, each naming the producer at that step. None: the instance waits at its start
     loop: sympy.Symbol | None = None
@@ -317,6 +328,9 @@ class Schedule:
     # `let` names in declaration order, each with its value over params, consts and world: sizes above
     # are expanded, and code generation names them again so that generated kernels read like the program
     lets: tuple[tuple[str, sympy.Expr], ...] = ()
+    # the program names the topology (`node`, `nodes`, `local_rank`, `local_world`): it is written for
+    # several nodes, and proved at several; a program that does not runs within one node
+    spans_nodes: bool = False
 
     @property
     def name(self) -> str:
@@ -341,6 +355,17 @@ def index_symbol(name: str) -> sympy.Symbol:
 
 RANK = index_symbol("rank")
 WORLD = size_symbol("world")
+
+# The two-level topology (tiledsl/topology.py): ranks numbered node by node, as torchrun numbers them.
+# `node` and `local_rank` are symbols so that expressions and plans read as written; this is what they
+# stand for, the one definition the checker, the kernels, the host code and the reference all use.
+NODE = index_symbol("node")
+LOCAL_RANK = index_symbol("local_rank")
+NODES = size_symbol("nodes")
+LOCAL_WORLD = size_symbol("local_world")
+RANK_PARTS = {NODE: sympy.floor(RANK / LOCAL_WORLD), LOCAL_RANK: sympy.Mod(RANK, LOCAL_WORLD)}
+TOPOLOGY_NAMES = ("node", "nodes", "local_rank", "local_world")
+
 ROW = index_symbol("tds_row")  # the row of a gathered region's first axis
 
 

@@ -31,12 +31,17 @@ rank runs them, or what an edge waits for.
   IndexOutOfRange), in the kernel and the reference alike.
 - **Valid rows**: past `upto count`, a tensor's elements are unspecified; an instance whose writes all
   fall there does nothing (kernel and reference skip it), and results there are not compared.
+- **Topology**: ranks are numbered node by node; `node` and `local_rank` stand for `ir.RANK_PARTS` of
+  the rank, wherever an expression is evaluated. A program that names the topology is proved at
+  several nodes (`topologies`); how far each family's signal must reach follows from its waits there
+  (`notify_reach`).
 
 Expressions are compiled once to Python lambdas with integer semantics (`//`, `%`): exact divisions
 stay exact and `floor`/`cdiv` of indices floor, as they do in the generated kernels."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import itertools
 import math
@@ -49,7 +54,10 @@ import sympy
 
 from tiledsl.schedule import ir
 from tiledsl.schedule.intcode import code
+from tiledsl.topology import Topology
 
+WORLDS = (2, 3, 4)    # ranks of the one node every schedule is proved at
+NODE_TOPOLOGIES = ((2, 1), (2, 2), (3, 1))  # (nodes, ranks a node) a program that names the topology is proved at
 MAX_INSTANCES = 5000  # default_sizes keeps the instances of all ranks together under this
 MAX_MULTIPLE = 64     # default_sizes tries params = world * L * k for k up to this
 QUICK_SHARE = 4       # default_sizes takes the first sizes whose instances stay under this share of the bound
@@ -61,35 +69,60 @@ def compile_exprs(exprs: tuple, symbols: tuple) -> Callable[..., tuple]:
     """A function of `symbols` (positionally) that returns the integer values of `exprs` as a tuple.
     The role of `sympy.lambdify`, with `//` and `%` where lambdify would divide floats."""
     names = {sym.name: f"_a{n}" for n, sym in enumerate(symbols)}
+    # node and local_rank are evaluated as what they stand for, from the rank and local_world
+    exprs = tuple(sympy.sympify(e).subs(ir.RANK_PARTS) if sympy.sympify(e).free_symbols & set(ir.RANK_PARTS) else e
+                  for e in exprs)
     body = "".join(code(e, kernel=False, names=names, strict=True) + ", " for e in exprs)
     return eval(f"lambda {', '.join(names.values())}: ({body})", {"min": min, "max": max})
 
 
 def size_symbols(schedule: ir.Schedule) -> tuple[sympy.Symbol, ...]:
-    """Params, consts and world: the leading arguments of every compiled expression, in this order."""
-    return _size_symbols(tuple(schedule.params), tuple(schedule.consts))
+    """Params, consts and world, and nodes and local_world where the program names the topology: the
+    leading arguments of every compiled expression, in this order (`size_values` gives their values)."""
+    return _size_symbols(tuple(schedule.params), tuple(schedule.consts), schedule.spans_nodes)
 
 
 @functools.lru_cache(maxsize=256)
-def _size_symbols(params: tuple, consts: tuple) -> tuple[sympy.Symbol, ...]:
-    return tuple(ir.size_symbol(n) for n in (*params, *consts)) + (ir.WORLD,)
+def _size_symbols(params: tuple, consts: tuple, spans_nodes: bool) -> tuple[sympy.Symbol, ...]:
+    topology = (ir.NODES, ir.LOCAL_WORLD) if spans_nodes else ()
+    return tuple(ir.size_symbol(n) for n in (*params, *consts)) + (ir.WORLD, *topology)
+
+
+def size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> tuple[int, ...]:
+    """The values of `size_symbols`: params from `sizes` (consts there override the program's)."""
+    return _size_values(schedule, world, sizes, nodes)
+
+
+def topologies(schedule: ir.Schedule) -> tuple[Topology, ...]:
+    """Where the checker proves a schedule: one node of 2, 3 and 4 ranks; a program that names the
+    topology also at 2 nodes of 1 and of 2 ranks (the paths within a node beside those across) and 3
+    nodes of 1 (`mod nodes` arithmetic that two nodes would hide). Three nodes of two ranks would be
+    more thorough and cost the checker four times the instances of 3 x 1; tests run it separately."""
+    one = tuple(Topology.one_node(w) for w in WORLDS)
+    return one + (tuple(Topology(n, local) for n, local in NODE_TOPOLOGIES) if schedule.spans_nodes else ())
 
 
 # ---- sizes ---------------------------------------------------------------------------------------
 
-def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES) -> dict[str, int]:
-    """Small values for the program's params at `world` ranks, for checking and emulation (`_small_sizes`),
-    with every capacity at the worst case of the rows routed into it (`_worst_case_capacities`)."""
-    return _worst_case_capacities(schedule, world, _small_sizes(schedule, world, max_instances), max_instances)
+def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
+                  nodes: int = 1) -> dict[str, int]:
+    """Small values for the program's params at `world` ranks in `nodes` nodes, for checking and
+    emulation (`_small_sizes`), with every capacity at the worst case of the rows routed into it
+    (`_worst_case_capacities`)."""
+    small = _small_sizes(schedule, world, max_instances, nodes)
+    return _worst_case_capacities(schedule, world, small, max_instances, nodes)
 
 
-def _worst_case_capacities(schedule: ir.Schedule, world: int, sizes: dict[str, int], max_instances: int) -> dict:
+def _worst_case_capacities(schedule: ir.Schedule, world: int, sizes: dict[str, int], max_instances: int,
+                           nodes: int = 1) -> dict:
     """`sizes` with each capacity param that caps a histogram raised, where it is lower, to the most rows
     any routing puts in one bin: the rows of the routed ids where a row's ids can be distinct (top-k),
     else all of them (DeepEP's num_worst_tokens). Random routings, as `tiledsl run` and the tests draw
     them, then never exceed capacity at the default sizes. Unchanged where that breaks a launch condition
     or the instance bound."""
-    values = {ir.size_symbol(n): v for n, v in {**schedule.consts, **sizes}.items()} | {ir.WORLD: world}
+    topology = Topology.of(world, nodes)
+    values = {ir.size_symbol(n): v for n, v in {**schedule.consts, **sizes}.items()} | {
+        ir.WORLD: world, ir.NODES: topology.nodes, ir.LOCAL_WORLD: topology.local_world}
     raised = dict(sizes)
     for family in schedule.families.values():
         for store in family.stores:
@@ -104,12 +137,15 @@ def _worst_case_capacities(schedule: ir.Schedule, world: int, sizes: dict[str, i
                 continue
             rows = math.prod(shape[:-1]) if shape and shape[-1] <= bins else math.prod(shape)
             raised[cap.name] = max(raised[cap.name], rows)
-    fits = _conditions_hold(schedule, world, raised) and _total(schedule, world, raised) <= max_instances
+    if raised == sizes:
+        return sizes
+    fits = _conditions_hold(schedule, world, raised, nodes) and \
+        _total(schedule, world, raised, nodes) <= max_instances
     return raised if fits else sizes
 
 
-def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int) -> dict[str, int]:
-    """Small values for the program's params at `world` ranks.
+def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int, nodes: int = 1) -> dict[str, int]:
+    """Small values for the program's params at `world` ranks in `nodes` nodes.
 
     Every param is set to world * L * k, with L the lcm of the consts and of the numbers in the launch
     conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
@@ -143,12 +179,12 @@ def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int) -> dict[
     for base in [*bases, units] if params else [0]:
         for k in range(1, MAX_MULTIPLE + 1 if params else 2):
             sizes = {p: (base[p] if isinstance(base, dict) else base) * k for p in schedule.params}
-            if not _conditions_hold(schedule, world, sizes):
+            if not _conditions_hold(schedule, world, sizes, nodes):
                 continue
             total, too_few = 0, False
             for family in schedule.families.values():
                 for rank in range(world):
-                    extents = _extents(schedule, family, world, sizes, rank)
+                    extents = _extents(schedule, family, world, sizes, rank, nodes)
                     total += math.prod(extents)
                     too_few |= any(n < 2 and by_param for n, by_param in zip(extents, sized[family.name]))
             if total > max_instances:
@@ -170,9 +206,9 @@ def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int) -> dict[
     return fallback
 
 
-def _total(schedule, world: int, sizes: dict) -> int:
+def _total(schedule, world: int, sizes: dict, nodes: int = 1) -> int:
     """All ranks' instances together at `sizes`."""
-    return sum(math.prod(_extents(schedule, f, world, sizes, rank)) for f in schedule.families.values()
+    return sum(math.prod(_extents(schedule, f, world, sizes, rank, nodes)) for f in schedule.families.values()
                for rank in range(world))
 
 
@@ -208,14 +244,14 @@ def _units(schedule: ir.Schedule, world: int) -> dict[str, int]:
 
 
 def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
-                 sizes: dict[str, int] | None = None) -> dict[str, int] | None:
+                 nodes: int = 1, sizes: dict[str, int] | None = None) -> dict[str, int] | None:
     """`default_sizes` with every param moved off the multiples of the consts: a param no launch
     condition binds by 1 + n (the n-th such param), so that sizes differ from one another; a bound one
     by the smallest step its conditions allow (N even: N + 2). Last tiles are partial and index maps
     meet the remainders that multiples hide; the checker proves the schedule there too. None where
     nothing can move or the result breaks a condition or the instance bound. `sizes`: default_sizes'
     answer, if known."""
-    sizes = sizes or default_sizes(schedule, world, max_instances)
+    sizes = sizes or default_sizes(schedule, world, max_instances, nodes)
     bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
     moved, free = dict(sizes), 0
     for p in schedule.params:
@@ -225,33 +261,39 @@ def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INS
             continue
         limit = 2 * math.lcm(1, *schedule.consts.values(), world)
         step = next((d for d in range(1, limit + 1)
-                     if _conditions_hold(schedule, world, {**sizes, p: sizes[p] + d})), None)
+                     if _conditions_hold(schedule, world, {**sizes, p: sizes[p] + d}, nodes)), None)
         if step is not None:
             moved[p] = sizes[p] + step
-    if moved == sizes or not _conditions_hold(schedule, world, moved):
+    if moved == sizes or not _conditions_hold(schedule, world, moved, nodes):
         return None
-    total = sum(math.prod(_extents(schedule, family, world, moved, rank))
+    total = sum(math.prod(_extents(schedule, family, world, moved, rank, nodes))
                 for family in schedule.families.values() for rank in range(world))
     return moved if total <= max_instances else None
 
 
-def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> tuple[int, ...]:
+def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> tuple[int, ...]:
     missing = [p for p in schedule.params if p not in sizes]
     if missing:
         raise ValueError(f"no value for param {', '.join(missing)}")
-    return (*(sizes[p] for p in schedule.params), *(sizes.get(c, v) for c, v in schedule.consts.items()), world)
+    topology = Topology.of(world, nodes)
+    if topology.nodes > 1 and not schedule.spans_nodes:
+        raise ValueError(f"{schedule.name} names no topology: it runs within one node, not on {topology}")
+    extra = (topology.nodes, topology.local_world) if schedule.spans_nodes else ()
+    return (*(sizes[p] for p in schedule.params), *(sizes.get(c, v) for c, v in schedule.consts.items()), world,
+            *extra)
 
 
-def _conditions_hold(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> bool:
+def _conditions_hold(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> bool:
     if not schedule.conditions:
         return True
     holds = compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))
-    return all(holds(*_size_values(schedule, world, sizes)))
+    return all(holds(*_size_values(schedule, world, sizes, nodes)))
 
 
-def _extents(schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int) -> tuple[int, ...]:
+def _extents(schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int,
+             nodes: int = 1) -> tuple[int, ...]:
     extents = compile_exprs(tuple(e for _, e in family.indices), (*size_symbols(schedule), ir.RANK))
-    return tuple(max(0, n) for n in extents(*_size_values(schedule, world, sizes), rank))
+    return tuple(max(0, n) for n in extents(*_size_values(schedule, world, sizes, nodes), rank))
 
 
 # ---- the symbolic meaning: sequence, order, edges ------------------------------------------------
@@ -323,34 +365,74 @@ class Target:
     index: tuple[sympy.Expr | None, ...]  # per producer index; None: every value (`*`)
     rank: sympy.Expr | None               # the producer's rank; None: every rank
     exists: sympy.Expr                    # the condition under which the named instance exists
+    # `@ (r for s in n)`: the rank is an expression of `s`, which runs over 0 .. n-1
+    over: tuple[sympy.Symbol, sympy.Expr] | None = None
 
 
 def target(schedule: ir.Schedule, edge: ir.Edge) -> Target:
-    producer = schedule.families[edge.producer]
-    rank = {ir.RankSet.LOCAL: ir.RANK, ir.RankSet.AT: edge.rank_expr, ir.RankSet.EVERY: None}[edge.ranks]
-    bounds = [(i, extent) for i, (_, extent) in zip(edge.index_map, producer.indices) if i is not None]
-    if edge.ranks is ir.RankSet.AT:
+    producer, consumer = schedule.families[edge.producer], schedule.families[edge.consumer]
+    loop_extent = consumer.loop.extent if edge.loop is not None and consumer.loop is not None else None
+    return _target(edge, producer.indices, consumer.indices, loop_extent)
+
+
+@functools.lru_cache(maxsize=1024)
+def _target(edge: ir.Edge, producer_indices, consumer_indices, loop_extent=None) -> Target:
+    """What `edge` names, from the index spaces of its producer and consumer (proofs by sympy: once)."""
+    rank = {ir.RankSet.LOCAL: ir.RANK, ir.RankSet.AT: edge.rank_expr, ir.RankSet.SET: edge.rank_expr,
+            ir.RankSet.EVERY: None}[edge.ranks]
+    bounds = [(i, extent) for i, (_, extent) in zip(edge.index_map, producer_indices) if i is not None]
+    if edge.ranks in (ir.RankSet.AT, ir.RankSet.SET):
         bounds.append((rank, ir.WORLD))
-    consumer = schedule.families[edge.consumer]
-    known = dict(consumer.indices)
-    known[ir.RANK] = ir.WORLD
-    if edge.loop is not None and consumer.loop is not None:
-        known[edge.loop] = consumer.loop.extent
+    known = dict(consumer_indices)
+    known.update({ir.RANK: ir.WORLD, ir.NODE: ir.NODES, ir.LOCAL_RANK: ir.LOCAL_WORLD})
+    over = None
+    if edge.ranks is ir.RankSet.SET:
+        over = (edge.rank_var, edge.rank_extent)
+        known[edge.rank_var] = edge.rank_extent
+    if edge.loop is not None and loop_extent is not None:
+        known[edge.loop] = loop_extent
     conditions = [c for i, extent in bounds for c in (sympy.Ge(i, 0), sympy.Lt(i, extent)) if not _holds(c, known)]
-    return Target(edge.index_map, rank, sympy.And(*conditions))
+    return Target(edge.index_map, rank, sympy.And(*conditions), over)
 
 
 def _holds(condition, known: dict) -> bool:
     """Conditions true at every size: what sympy proves (an index is >= 0), `x mod n < n`, and `x < n`
-    where x is at most a consumer index (or `rank`) that runs below n."""
+    where x is at most a consumer index (or `rank`) that runs below n; and where the topology is named,
+    `x < n` for x a sum of known symbols with coefficients >= 0, at its largest (`world` being
+    `nodes * local_world`): `m*local_world + local_rank < world`."""
     if condition is sympy.true:
         return True
     if isinstance(condition, sympy.StrictLessThan):
         left, right = condition.args
         if isinstance(left, sympy.Mod) and left.args[1] == right:
             return True
-        return any(extent == right and (left - symbol).is_nonpositive for symbol, extent in known.items())
+        if any(extent == right and (left - symbol).is_nonpositive for symbol, extent in known.items()):
+            return True
+        if (left.free_symbols | right.free_symbols) & set(TOPOLOGY_SYMBOLS):
+            largest = largest_value(left, known)
+            return largest is not None and bool((right.subs(ir.WORLD, ir.NODES * ir.LOCAL_WORLD)
+                                                 - largest).expand().is_positive)
     return False
+
+
+TOPOLOGY_SYMBOLS = (ir.NODE, ir.LOCAL_RANK, ir.NODES, ir.LOCAL_WORLD)
+
+
+def largest_value(expr, known: dict):
+    """`expr` with every known symbol at its largest value (extent - 1), where that is its largest:
+    a polynomial in them (and in `a mod n`, below n) with coefficients >= 0. None otherwise."""
+    known = dict(known)
+    for n, mod in enumerate(sorted(expr.atoms(sympy.Mod), key=str)):
+        if mod.args[1].is_positive:
+            bounded = ir.index_symbol(f"tds_mod{n}")
+            expr, known[bounded] = expr.subs(mod, bounded), mod.args[1]
+    symbols = [s for s in known if s in expr.free_symbols]
+    if not symbols or not expr.is_polynomial(*symbols):
+        return None
+    poly = sympy.Poly(sympy.expand(expr), *symbols)
+    if not all(c.is_nonnegative for c in poly.coeffs()):
+        return None
+    return sympy.expand(expr.subs({s: known[s] - 1 for s in symbols}, simultaneous=True))
 
 
 # ---- instances -----------------------------------------------------------------------------------
@@ -421,6 +503,11 @@ class Concrete:
     accesses: list[Access]
     waits: list[Wait]
     skipped: list[Skipped]
+    nodes: int = 1                                      # the world split in this many nodes
+
+    @property
+    def topology(self) -> Topology:
+        return Topology.of(self.world, self.nodes)
     # the nodes of instances with a loop, after the instances' own: (instance, step), step -1 the entry
     parts: list[tuple[int, int]] = None
     looped: dict[int, tuple[int, int]] = None           # instance with a loop -> (its entry node, its steps)
@@ -508,25 +595,26 @@ class Concrete:
         return ready
 
 
-def instantiate(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> Concrete:
-    """Every instance of `schedule` at `world` ranks and these param values (consts may be overridden
-    too), with its accesses as integer boxes and its waits as producer instances. `split` is ignored:
-    an instance is signalled once, when all of it is complete. Where the families wait on each other
-    there is no serial order (`sequence` is None), for the checker to say so."""
+def instantiate(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1,
+                accesses: bool = True) -> Concrete:
+    """Every instance of `schedule` at `world` ranks in `nodes` nodes and these param values (consts may
+    be overridden too), with its accesses as integer boxes and its waits as producer instances. `split`
+    is ignored: an instance is signalled once, when all of it is complete. Where the families wait on
+    each other there is no serial order (`sequence` is None), for the checker to say so."""
     try:
         sequence = family_sequence(schedule)
     except FamilyCycleError:
         sequence = None
-    values = _size_values(schedule, world, sizes)
+    values = _size_values(schedule, world, sizes, nodes)
     all_sizes = dict(zip((*schedule.params, *schedule.consts), values))
     shapes = {name: tuple(compile_exprs(t.shape, size_symbols(schedule))(*values))
               for name, t in schedule.tensors.items()}
-    done = Concrete(schedule, world, all_sizes, sequence, [], [], {}, {}, shapes, [], [], [], [], {})
+    done = Concrete(schedule, world, all_sizes, sequence, [], [], {}, {}, shapes, [], [], [], nodes, [], {})
     for family in schedule.families.values():
         _family_instances(done, family, values)
     for family in schedule.families.values():
         _family_steps(done, family, values)
-    for family in schedule.families.values():
+    for family in schedule.families.values() if accesses else ():  # without: instances and waits only
         _family_accesses(done, family, values)
     _resolve_through(done)
     for number, edge in enumerate(schedule.edges):
@@ -539,7 +627,7 @@ def _family_instances(done: Concrete, family: ir.Family, values: tuple) -> None:
     keys = functools.partial(compile_exprs(order_keys(done.schedule, family), symbols), *values)
     done.ranges[family.name], done.extents[family.name] = [], []
     for rank in range(done.world):
-        extents = _extents(done.schedule, family, done.world, done.sizes, rank)
+        extents = _extents(done.schedule, family, done.world, done.sizes, rank, done.nodes)
         start = len(done.instances)
         for index in itertools.product(*map(range, extents)):
             done.instances.append(Instance(family.name, index, rank))
@@ -716,7 +804,7 @@ def _through(router: str, slot: str, index_region: ir.Region, family: ir.Family,
     """A function of (rank, *instance index) giving the box [lo, hi) of index elements a write reads."""
     owner, dims = at_capacity(done.schedule, index_region)
     symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices))
-    values = _size_values(done.schedule, done.world, done.sizes)
+    values = _size_values(done.schedule, done.world, done.sizes, done.nodes)
     evaluate = functools.partial(compile_exprs(tuple(family.expand(e) for d in dims for e in d), symbols), *values)
     shape = done.shapes[index_region.tensor]
 
@@ -759,18 +847,28 @@ def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> No
     named = target(done.schedule, edge)
     mapped = [e for e in named.index if e is not None]
     exprs = tuple(consumer.expand(e) for e in (*mapped, named.rank if named.rank is not None else ir.RANK))
+    over = () if named.over is None else (named.over[0],)
     step_var = () if edge.loop is None else (edge.loop,)
-    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in consumer.indices), *step_var)
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in consumer.indices), *over, *step_var)
     evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
+    steps = [()]
+    if named.over is not None:
+        (count,) = compile_exprs((named.over[1],), size_symbols(done.schedule))(*values)
+        steps = [(v,) for v in range(count)]
     shared: dict[tuple, tuple[int, ...]] = {}
     for rank in range(done.world):
         for position in done.ranges[edge.consumer][rank]:
-            steps = [None] if edge.loop is None else range(done.steps(position))
-            for step in steps:
-                *found, at = evaluate(rank, *done.instances[position].index, *(() if step is None else (step,)))
+            instance = done.instances[position].index
+            first = steps[0] if steps else (0,) * len(over)
+            for step in [None] if edge.loop is None else range(done.steps(position)):
+                at_step = () if step is None else (step,)
+                *found, at = evaluate(rank, *instance, *first, *at_step)
                 it = iter(found)
                 index = tuple(None if e is None else next(it) for e in named.index)
-                ranks = range(done.world) if named.rank is None else (at,)
+                if named.over is not None:
+                    ranks = tuple(dict.fromkeys(evaluate(rank, *instance, *v, *at_step)[-1] for v in steps))
+                else:
+                    ranks = range(done.world) if named.rank is None else (at,)
                 key = (index, tuple(ranks))
                 if key not in shared:
                     shared[key] = _producers(done, edge.producer, index, ranks)
@@ -795,3 +893,37 @@ def _producers(done: Concrete, family: str, index, ranks) -> tuple[tuple[int, ..
         choices = [range(n) if i is None else (i,) for i, n in zip(index, extents)]
         found.extend(done.position(family, rank, chosen) for chosen in itertools.product(*choices))
     return tuple(found), missing
+
+
+# ---- how far signals reach -------------------------------------------------------------------------
+
+class Reach(enum.Enum):
+    """The ranks that wait on a family's instances, as far as its signal must go."""
+    RANK = 1   # its own rank only
+    NODE = 2   # other ranks of its node (of the one node, for a program that names no topology)
+    WORLD = 3  # ranks on other nodes too: there only through NVSHMEM signals
+
+
+def notify_reach(schedule: ir.Schedule) -> dict[str, Reach]:
+    """Each family some instance waits on, and how far its signal must reach: RANK where every edge
+    on it is local, else NODE; WORLD where, at a topology of several nodes the program is proved at
+    (`topologies`, at the checker's sizes), a rank waits on an instance of another node."""
+    reach: dict[str, Reach] = {}
+    for edge in schedule.edges:
+        here = Reach.RANK if edge.ranks is ir.RankSet.LOCAL else Reach.NODE
+        reach[edge.producer] = max(reach.get(edge.producer, here), here, key=lambda r: r.value)
+    for topology in topologies(schedule):
+        if topology.nodes == 1:
+            continue
+        try:
+            concrete = instantiate(schedule, topology.world, default_sizes(schedule, topology.world,
+                                                                           nodes=topology.nodes),
+                                   topology.nodes, accesses=False)
+        except (ValueError, ArithmeticError):
+            continue  # sizes the launch conditions exclude here: the checker says so
+        for wait in concrete.waits:
+            rank = concrete.instances[wait.consumer].rank
+            producer = concrete.instances[wait.producers[0]].family
+            if any(not topology.same_node(rank, concrete.instances[p].rank) for p in wait.producers):
+                reach[producer] = Reach.WORLD
+    return reach

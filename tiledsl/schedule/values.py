@@ -284,8 +284,9 @@ class ValueBuilder:
                 self.b.fail("only SM programs can reduce into the target", decl.reduce.span, hint="on sms(N)")
                 return None
             reduce = "add"
-        if engine is not None and engine.kind is ir.EngineKind.NVSHMEM and target.owner is None:
-            self.b.fail("an nvshmem put writes another rank's copy: the target must be `X@r[...]`", decl.span)
+        if engine is not None and engine.kind is ir.EngineKind.NVSHMEM and target.owner is None and source.owner is None:
+            self.b.fail("an nvshmem chunk puts data into another rank's copy (`X -> Y@r[...]`) or gets another "
+                        "rank's copy into this rank's (`X@r[...] -> Y`)", decl.span)
             return None
         reads = tuple(dict.fromkeys(((source, target) if reduce else (source,)) + tuple(elements)))
         return ir.Family(decl.name.id, ir.Kind.CHUNK, space, engine, reads, (target,), reduce=reduce,

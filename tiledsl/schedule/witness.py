@@ -23,9 +23,10 @@ class Point:
 
 @dataclass(frozen=True)
 class At:
-    """Where a finding holds: the world and every param and const value."""
+    """Where a finding holds: the world (in `nodes` nodes) and every param and const value."""
     world: int
     sizes: tuple[tuple[str, int], ...]
+    nodes: int = 1
 
     def values(self) -> dict[str, int]:
         return dict(self.sizes)
@@ -92,4 +93,25 @@ class OutOfBounds:
     stop: bool
 
 
-Witness = Race | Deadlock | Unsignalled | FamilyCycle | OutOfBounds
+@dataclass(frozen=True)
+class AcrossNodes:
+    """`instance` reaches rank `copy`'s copy of `tensor` (writes it, with `write`) through a peer pointer,
+    and `copy` is on another node, where pointers do not reach."""
+    at: At
+    instance: Point
+    tensor: str
+    copy: int
+    write: bool
+
+
+@dataclass(frozen=True)
+class SignalAcross:
+    """`waiter` waits through `edge` on `producer`, on another node, whose signal goes only through peer
+    pointers (a copy-engine chunk), which do not reach there."""
+    at: At
+    waiter: Point
+    producer: Point
+    edge: int
+
+
+Witness = Race | Deadlock | Unsignalled | FamilyCycle | OutOfBounds | AcrossNodes | SignalAcross

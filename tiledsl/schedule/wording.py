@@ -11,7 +11,8 @@ def family_text(schedule: ir.Schedule, name: str) -> str:
 
 
 def sizes_text(concrete: Concrete) -> str:
-    return ", ".join([f"{p}={concrete.sizes[p]}" for p in concrete.schedule.params] + [f"world={concrete.world}"])
+    world = f"world={concrete.world}" if concrete.nodes == 1 else f"{concrete.topology} ranks"
+    return ", ".join([f"{p}={concrete.sizes[p]}" for p in concrete.schedule.params] + [world])
 
 
 def at(instance) -> str:
@@ -31,4 +32,9 @@ def point(instance: Instance) -> Point:
 
 
 def where(concrete: Concrete) -> At:
-    return At(concrete.world, tuple(sorted(concrete.sizes.items())))
+    return At(concrete.world, tuple(sorted(concrete.sizes.items())), concrete.nodes)
+
+
+def on_node(concrete: Concrete, rank: int) -> str:
+    """`rank 2 (node 1)`."""
+    return f"rank {rank} (node {concrete.topology.node(rank)})"

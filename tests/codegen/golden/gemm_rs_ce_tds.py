@@ -336,7 +336,9 @@ def tds_waits_send(tds_env, tds_instance):
     BR = tds_env['BR']
     BK = tds_env['BK']
     i, = tds_launch.unlinear(tds_instance, (M // BM,))
-    return [('mm', i, (BN + N - 1) // BN, 0), ]
+    return [  # a row outside the producer's names no instance: no wait (schedule/meaning.py)
+        ('mm', i, (BN + N - 1) // BN, 0),
+    ]
 
 
 def tds_load(**tds_options):
