@@ -27,6 +27,8 @@ from tiledsl.topology import Topology
 # Tensor sets a program keeps prepared calls (and their CUDA graphs) for. Each keeps its caller tensors
 # alive: a loop that allocates new outputs every step should reuse them, or call `release()`.
 MAX_PREPARED_CALLS = 64
+# Peer-offset tables kept for a staged tensor's caller addresses (a few hundred bytes each)
+MAX_MOVED_TABLES = 256
 # Spin reads per second of waiting, roughly: they turn `wait_timeout_s` into a bound on spins.
 SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
 
@@ -82,6 +84,7 @@ class Program(Issuing):
         # a prepared call per binding key (shapes, not addresses): a new set of tensors of those shapes
         # is bound into it (_rebind) instead of being prepared again
         self._templates: dict = {}
+        self._moved: dict = {}  # (heap copy's address, offset to the caller's tensor, shmem) -> peer offsets
         self._comm_stream = None
 
     # ---- where it runs ----------------------------------------------------------------------------
@@ -185,7 +188,20 @@ class Program(Issuing):
         delta, rest = divmod(shared.data_ptr() - tensor.data_ptr(), tensor.element_size())
         if rest:
             raise LaunchError(f"a tensor's address is not a multiple of its element size ({tensor.element_size()})")
-        return offsets(shared) + delta
+        if delta == 0:
+            return offsets(shared)
+        # The table depends on the two addresses only: kept, a call bound to a caller tensor at an address
+        # seen before launches no kernel to make it. Not one made during a capture: its contents exist
+        # only when the caller's graph replays.
+        key = (shared.data_ptr(), delta, shmem and self.emulated)
+        moved = self._moved.get(key)
+        if moved is None:
+            moved = offsets(shared) + delta
+            if self.emulated or not torch.cuda.is_current_stream_capturing():
+                if len(self._moved) >= MAX_MOVED_TABLES:
+                    self._moved.clear()
+                self._moved[key] = moved
+        return moved
 
     # ---- one call -------------------------------------------------------------------------------
     # torch.compile calls a program as it is (a graph break); tiledsl.ops offers custom ops that compile whole
