@@ -197,7 +197,7 @@ class Program(Issuing):
         moved = self._moved.get(key)
         if moved is None:
             moved = offsets(shared) + delta
-            if self.emulated or not torch.cuda.is_current_stream_capturing():
+            if self.emulated or not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
                 if len(self._moved) >= MAX_MOVED_TABLES:
                     self._moved.clear()
                 self._moved[key] = moved
