@@ -9,7 +9,8 @@ the sequence's K and V already here (bench/experiments/attention_local.tds) and 
 gathered K and V.
 
 Decode (batch 1 and 8, 64 query heads, 8 KV heads, head dim 128, 1K to 128K cache positions a rank):
-tiledsl's flash_decode (replayed from its CUDA graph) against a local torch attention that returns its
+tiledsl's flash_decode (replayed from its CUDA graph) with the slices it chooses from the sizes, and
+forced to half and twice as many, against a local torch attention that returns its
 log-sum-exp (flash attention's, with the 8 query heads of a KV head as its query rows; else matmuls),
 an NCCL all-gather of (output, log-sum-exp) and a torch combine, timed eagerly and in a CUDA graph
 (the faster counts).
@@ -40,7 +41,9 @@ DECODE_KV = (1024, 4096, 16384, 65536, 131072)         # cache positions a rank
 DECODE_HEADS, DECODE_KV_HEADS = 64, 8
 # block variants timed beside the programs' defaults (consts at build): the best is reported apart
 PREFILL_BLOCKS = ({"BM": 64, "BN": 64}, {"BM": 128, "BN": 64})
-DECODE_SLICES = (8, 16, 32)  # NS: slices of a rank's cache, a part tile each (the default is 8)
+# flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
+# (SLICES in programs/flash_decode.tds), timed beside half and twice as many (forced through its consts)
+SLICE_NEIGHBOURS = (0.5, 2)
 BF16 = {"device": "cuda", "dtype": torch.bfloat16}
 _said = set()
 
@@ -209,6 +212,29 @@ def graphed(fn):
     return graph.replay
 
 
+class DecodePrograms:
+    """flash_decode as built by default, and built to force a number of slices, each compiled once."""
+
+    def __init__(self, heap):
+        self.heap = heap
+        self.default = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap)
+        self.forced = {}
+
+    def slices(self, B, H, HKV, C, world) -> int:
+        """What the default chooses at these sizes (the first dimension of its partials)."""
+        env = {"B": B, "H": H, "HKV": HKV, "C": C, "rank": 0, "world": world, **self.default.module.tds_CONSTS}
+        return self.default.module.tds_tensor_shapes(env)["Part"][0]
+
+    def force(self, n):
+        if n not in self.forced:  # the chooser opened wide: exactly NS slices
+            self.forced[n] = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", self.heap, NS=n, MINKEYS=1,
+                                             SMS=2**30)
+        return self.forced[n]
+
+    def all(self):
+        return [self.default, *self.forced.values()]
+
+
 def decode_row(programs, B, C, world, verdicts):
     H, HKV = DECODE_HEADS, DECODE_KV_HEADS
     Q, O = torch.randn(B, H, D, **BF16), torch.empty(B, H, D, **BF16)
@@ -220,14 +246,20 @@ def decode_row(programs, B, C, world, verdicts):
     packed = torch.empty(world, B, H, D + 1, device="cuda")
     row = {"op": "decode", "world": world, "B": B, "kv_per_rank": C, "H": H, "HKV": HKV, "D": D}
     tag = f"decode B={B} kv={C}"
-    for slices, program in programs.items():
-        key = "tiledsl" if slices == DECODE_SLICES[0] else f"tiledsl_NS{slices}"
-        row[key] = time_checked(verdicts, f"{tag} flash_decode NS={slices}", program_call(program, Q, K, V, Lens, O),
-                                program.check, O, want, timer=time_loop_ms)
+    chosen = programs.slices(B, H, HKV, C, world)
+    row["tiledsl_slices"] = chosen
+    variants = [("tiledsl", chosen, programs.default)]
+    for factor in SLICE_NEIGHBOURS:
+        n = int(chosen * factor)
+        if 1 <= n <= C:
+            variants.append((f"tiledsl_NS{n}", n, programs.force(n)))
+    for key, slices, program in variants:
+        name = f"{tag} flash_decode {slices} slices{'' if key == 'tiledsl' else ' (forced)'}"
+        row[key] = time_checked(verdicts, name, program_call(program, Q, K, V, Lens, O), program.check, O, want,
+                                timer=time_loop_ms)
         program.release()  # its prepared calls keep this row's caches alive
     row["tiledsl_best"], row["tiledsl_best_slices"] = min(
-        ((row["tiledsl" if n == DECODE_SLICES[0] else f"tiledsl_NS{n}"], n) for n in DECODE_SLICES),
-        key=lambda x: (math.isnan(x[0]), x[0]))
+        ((row[key], n) for key, n, _ in variants), key=lambda x: (math.isnan(x[0]), x[0]))
     best = (NAN, None)
     for how in ("flash", "matmul"):
         def eager(check, how=how):
@@ -266,10 +298,11 @@ def table(rows) -> str:
                      f"{ratio(r['tiledsl'], r['tiledsl_attention_alone'])} | {tflops:.0f} | "
                      f"{r['tiledsl_best']:.3f} ({r['tiledsl_best_blocks']}) |")
     lines += ["", "Decode (ms per step, 20 steps back to back):", "",
-              "| B | KV/rank | tiledsl (NS=8) | best tiledsl (NS) | torch (variant) | speed-up | best speed-up |",
+              "| B | KV/rank | tiledsl (slices) | best tiledsl (slices) | torch (variant) | speed-up | best speed-up |",
               "|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["op"] == "decode"):
-        lines.append(f"| {r['B']} | {r['kv_per_rank']} | {r['tiledsl']:.4f} | {r['tiledsl_best']:.4f} "
+        lines.append(f"| {r['B']} | {r['kv_per_rank']} | {r['tiledsl']:.4f} ({r['tiledsl_slices']}) | "
+                     f"{r['tiledsl_best']:.4f} "
                      f"({r['tiledsl_best_slices']}) | {r['torch']:.4f} ({r['torch_variant']}) | "
                      f"{ratio(r['torch'], r['tiledsl'])} | {ratio(r['torch'], r['tiledsl_best'])} |")
     return "\n".join(lines)
@@ -313,7 +346,7 @@ def main() -> int:
                                                               **blocks)
         programs[f"attention_local{label}"] = tiledsl.compile(ROOT / "bench" / "experiments" / "attention_local.tds",
                                                               heap, **blocks)
-    decode = {n: tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap, NS=n) for n in DECODE_SLICES}
+    decode = DecodePrograms(heap)
     rows = []
     for B, tokens in PREFILL:
         rows.append(prefill_row(programs, B, tokens, rank, world, verdicts))
