@@ -39,8 +39,18 @@ PREFILL_HEADS, PREFILL_KV_HEADS, D = 32, 8, 128
 DECODE_BATCHES = (1, 8)
 DECODE_KV = (1024, 4096, 16384, 65536, 131072)         # cache positions a rank
 DECODE_HEADS, DECODE_KV_HEADS = 64, 8
-# block variants timed beside the programs' defaults (consts at build): the best is reported apart
-PREFILL_BLOCKS = ({"BM": 64, "BN": 64}, {"BM": 128, "BN": 64})
+# Variants timed beside the defaults (label: program, consts at build, compile options); the best is
+# reported apart. sp_ag_attention at BM=128 BN=64 was wrong on rank 1 in the run of 2026-12-01 (4 warps,
+# a spilling kernel); it now gets 8 warps. The tile alone also as Triton's fused-attention tutorial
+# builds it on Hopper: 128 query rows on 8 warps, 3 stages, BN 64 or 128 (128 spills 176 bytes at
+# sm_90 on this codegen), and the causal loop split into whole blocks and masked diagonal blocks.
+SP_VARIANTS = {"BM128_BN64": ({"BM": 128, "BN": 64}, {})}
+TILE_VARIANTS = {
+    "BM128_BN64": ("attention_local", {"BM": 128, "BN": 64}, {}),
+    "BM128_BN64_3stages": ("attention_local", {"BM": 128, "BN": 64}, {"num_stages": 3}),
+    "split_BM128_BN64": ("attention_local_split", {"BM": 128, "BN": 64}, {}),
+    "BM128_BN128": ("attention_local", {"BM": 128, "BN": 128}, {}),
+}
 # flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
 # (SLICES in programs/flash_decode.tds), timed beside half and twice as many (forced through its consts)
 SLICE_NEIGHBOURS = (0.5, 2)
@@ -118,17 +128,23 @@ def prefill_row(programs, B, tokens, rank, world, verdicts):
     # causal attention over the sequence: 4 B H S^2 D / 2 flops, shared evenly by the zig-zag pieces
     row["tflop_per_rank"] = 4 * B * H * (2 * world * P) ** 2 * D / 2 / world / 1e12
     tag = f"prefill B={B} tokens={tokens}"
-    for n, blocks in enumerate(PREFILL_BLOCKS):
-        label = "" if n == 0 else f"_BM{blocks['BM']}_BN{blocks['BN']}"
-        sp, local = programs[f"sp_ag_attention{label}"], programs[f"attention_local{label}"]
-        row[f"tiledsl{label}"] = time_checked(verdicts, f"{tag} sp_ag_attention {blocks}",
+    sp_labels = [""] + [f"_{label}" for label in SP_VARIANTS]
+    for label in sp_labels:
+        sp = programs[f"sp_ag_attention{label}"]
+        row[f"tiledsl{label}"] = time_checked(verdicts, f"{tag} sp_ag_attention {label[1:] or 'default'}",
                                               program_call(sp, Q, K, V, O), sp.check, O, want)
-        row[f"tiledsl_attention_alone{label}"] = time_checked(
-            verdicts, f"{tag} attention_local (the tile alone) {blocks}", program_call(local, Q, K_all, V_all, O),
-            local.check, O, want)
-    labels = [""] + [f"_BM{b['BM']}_BN{b['BN']}" for b in PREFILL_BLOCKS[1:]]
     row["tiledsl_best"], row["tiledsl_best_blocks"] = min(
-        ((row[f"tiledsl{label}"], label or "default") for label in labels), key=lambda x: (math.isnan(x[0]), x[0]))
+        ((row[f"tiledsl{label}"], label[1:] or "default") for label in sp_labels),
+        key=lambda x: (math.isnan(x[0]), x[0]))
+    tile_labels = [""] + [f"_{label}" for label in TILE_VARIANTS]
+    for label in tile_labels:
+        local = programs[f"attention_local{label}"]
+        row[f"tiledsl_attention_alone{label}"] = time_checked(
+            verdicts, f"{tag} the tile alone {label[1:] or 'default'}", program_call(local, Q, K_all, V_all, O),
+            local.check, O, want)
+    row["tiledsl_alone_best"], row["tiledsl_alone_best_variant"] = min(
+        ((row[f"tiledsl_attention_alone{label}"], label[1:] or "default") for label in tile_labels),
+        key=lambda x: (math.isnan(x[0]), x[0]))
     from torch.nn.attention import SDPBackend
     K_buf, V_buf = torch.empty(world, *K.shape, **BF16), torch.empty(world, *V.shape, **BF16)
     best_alone, best_total = (NAN, None), (NAN, None)
@@ -287,8 +303,9 @@ def ratio(a, b) -> str:
 def table(rows) -> str:
     lines = ["Prefill (ms; speed-ups are baseline / tiledsl):", "",
              "| B | tokens/rank | tiledsl SP | tiledsl attention alone | AG + SDPA (backend) | SDPA alone (backend) "
-             "| SP vs AG+SDPA | tile vs SDPA alone | SP / own attention | tile TFLOP/s | best SP (blocks) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| SP vs AG+SDPA | tile vs SDPA alone | SP / own attention | tile TFLOP/s | best SP (blocks) "
+             "| best tile (variant) | best tile vs SDPA alone |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["op"] == "prefill"):
         tflops = r["tflop_per_rank"] / (r["tiledsl_attention_alone"] / 1e3)
         lines.append(f"| {r['B']} | {r['tokens_per_rank']} | {r['tiledsl']:.3f} | {r['tiledsl_attention_alone']:.3f} | "
@@ -296,7 +313,9 @@ def table(rows) -> str:
                      f"({r['torch_alone_backend']}) | {ratio(r['torch_ag_sdpa'], r['tiledsl'])} | "
                      f"{ratio(r['torch_alone'], r['tiledsl_attention_alone'])} | "
                      f"{ratio(r['tiledsl'], r['tiledsl_attention_alone'])} | {tflops:.0f} | "
-                     f"{r['tiledsl_best']:.3f} ({r['tiledsl_best_blocks']}) |")
+                     f"{r['tiledsl_best']:.3f} ({r['tiledsl_best_blocks']}) | "
+                     f"{r['tiledsl_alone_best']:.3f} ({r['tiledsl_alone_best_variant']}) | "
+                     f"{ratio(r['torch_alone'], r['tiledsl_alone_best'])} |")
     lines += ["", "Decode (ms per step, 20 steps back to back):", "",
               "| B | KV/rank | tiledsl (slices) | best tiledsl (slices) | torch (variant) | speed-up | best speed-up |",
               "|---|---|---|---|---|---|---|"]
@@ -340,12 +359,14 @@ def main() -> int:
     heap = open_heap()
     verdicts = Verdicts()
     programs = {}
-    for n, blocks in enumerate(PREFILL_BLOCKS):
-        label = "" if n == 0 else f"_BM{blocks['BM']}_BN{blocks['BN']}"
-        programs[f"sp_ag_attention{label}"] = tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap,
-                                                              **blocks)
-        programs[f"attention_local{label}"] = tiledsl.compile(ROOT / "bench" / "experiments" / "attention_local.tds",
-                                                              heap, **blocks)
+    experiments = ROOT / "bench" / "experiments"
+    programs = {"sp_ag_attention": tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap),
+                "attention_local": tiledsl.compile(experiments / "attention_local.tds", heap)}
+    for label, (consts, options) in SP_VARIANTS.items():
+        programs[f"sp_ag_attention_{label}"] = tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap,
+                                                               **consts, **options)
+    for label, (name, consts, options) in TILE_VARIANTS.items():
+        programs[f"attention_local_{label}"] = tiledsl.compile(experiments / f"{name}.tds", heap, **consts, **options)
     decode = DecodePrograms(heap)
     rows = []
     for B, tokens in PREFILL:

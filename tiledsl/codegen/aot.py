@@ -30,7 +30,7 @@ def arch_number(arch: str) -> int:
 
 
 def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None,
-                   trace: bool = False):
+                   trace: bool = False, options: dict | None = None):
     """Compile `module.tds_kernel` for `arch` with every family enabled; returns Triton's CompiledKernel.
     The signature comes from the module's one list of kernel arguments (`tds_ARGS`); `dtype` replaces
     the tensors' own (an fp16 build of a bf16 program, say)."""
@@ -71,7 +71,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
                 attrs[(position,)] = aligned
     for name in constexprs:
         signature[name] = "constexpr"
-    options = kernel_options(module)
+    options = {**kernel_options(module), **(options or {})}  # `options`: num_warps, num_stages as at launch
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())
@@ -88,8 +88,8 @@ def _cuobjdump() -> str | None:
         return None
 
 
-def report(module, arch: str = "sm_90", sizes: dict | None = None) -> KernelReport:
-    kernel = compile_kernel(module, arch, sizes)
+def report(module, arch: str = "sm_90", sizes: dict | None = None, options: dict | None = None) -> KernelReport:
+    kernel = compile_kernel(module, arch, sizes, options=options)
     cubin = kernel.asm["cubin"]
     hgmma, sass, registers, spills = 0, False, 0, 0
     tool = _cuobjdump()
