@@ -9,8 +9,9 @@ the sequence's K and V already here (bench/experiments/attention_local.tds) and 
 gathered K and V.
 
 Decode (batch 1 and 8, 64 query heads, 8 KV heads, head dim 128, 1K to 128K cache positions a rank):
-tiledsl's flash_decode (replayed from its CUDA graph) with the slices it chooses from the sizes, and
-forced to half and twice as many, against a local torch attention that returns its
+tiledsl's flash_decode (replayed from its CUDA graph) with the slices it chooses from the sizes, the
+same with a one-pass combine (bench/experiments/flash_decode_onepass.tds), and forced to half and
+twice as many slices, against a local torch attention that returns its
 log-sum-exp (flash attention's, with the 8 query heads of a KV head as its query rows; else matmuls),
 an NCCL all-gather of (output, log-sum-exp) and a torch combine, timed eagerly and in a CUDA graph
 (the faster counts).
@@ -234,6 +235,8 @@ class DecodePrograms:
     def __init__(self, heap):
         self.heap = heap
         self.default = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap)
+        # the same with a one-pass combine (bench/experiments/flash_decode_onepass.tds), at the same slices
+        self.onepass = tiledsl.compile(ROOT / "bench" / "experiments" / "flash_decode_onepass.tds", heap)
         self.forced = {}
 
     def slices(self, B, H, HKV, C, world) -> int:
@@ -246,9 +249,6 @@ class DecodePrograms:
             self.forced[n] = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", self.heap, NS=n, MINKEYS=1,
                                              SMS=2**30)
         return self.forced[n]
-
-    def all(self):
-        return [self.default, *self.forced.values()]
 
 
 def decode_row(programs, B, C, world, verdicts):
@@ -264,18 +264,20 @@ def decode_row(programs, B, C, world, verdicts):
     tag = f"decode B={B} kv={C}"
     chosen = programs.slices(B, H, HKV, C, world)
     row["tiledsl_slices"] = chosen
-    variants = [("tiledsl", chosen, programs.default)]
+    variants = [("tiledsl", chosen, programs.default), ("tiledsl_onepass", chosen, programs.onepass)]
     for factor in SLICE_NEIGHBOURS:
         n = int(chosen * factor)
         if 1 <= n <= C:
             variants.append((f"tiledsl_NS{n}", n, programs.force(n)))
     for key, slices, program in variants:
-        name = f"{tag} flash_decode {slices} slices{'' if key == 'tiledsl' else ' (forced)'}"
+        how = {"tiledsl": "", "tiledsl_onepass": " (one-pass combine)"}.get(key, " (forced)")
+        name = f"{tag} flash_decode {slices} slices{how}"
         row[key] = time_checked(verdicts, name, program_call(program, Q, K, V, Lens, O), program.check, O, want,
                                 timer=time_loop_ms)
         program.release()  # its prepared calls keep this row's caches alive
     row["tiledsl_best"], row["tiledsl_best_slices"] = min(
-        ((row[key], n) for key, n, _ in variants), key=lambda x: (math.isnan(x[0]), x[0]))
+        ((row[key], n if key != "tiledsl_onepass" else f"{n}, one pass") for key, n, _ in variants),
+        key=lambda x: (math.isnan(x[0]), x[0]))
     best = (NAN, None)
     for how in ("flash", "matmul"):
         def eager(check, how=how):
