@@ -9,7 +9,9 @@ the sequence's K and V already here (bench/experiments/attention_local.tds) and 
 gathered K and V.
 
 Decode (batch 1 and 8, 64 query heads, 8 KV heads, head dim 128, 1K to 128K cache positions a rank):
-tiledsl's flash_decode (replayed from its CUDA graph) against a local torch attention that returns its
+tiledsl's flash_decode (replayed from its CUDA graph) with the slices it chooses from the sizes, the
+same with a one-pass combine (bench/experiments/flash_decode_onepass.tds), and forced to half and
+twice as many slices, against a local torch attention that returns its
 log-sum-exp (flash attention's, with the 8 query heads of a KV head as its query rows; else matmuls),
 an NCCL all-gather of (output, log-sum-exp) and a torch combine, timed eagerly and in a CUDA graph
 (the faster counts).
@@ -38,9 +40,21 @@ PREFILL_HEADS, PREFILL_KV_HEADS, D = 32, 8, 128
 DECODE_BATCHES = (1, 8)
 DECODE_KV = (1024, 4096, 16384, 65536, 131072)         # cache positions a rank
 DECODE_HEADS, DECODE_KV_HEADS = 64, 8
-# block variants timed beside the programs' defaults (consts at build): the best is reported apart
-PREFILL_BLOCKS = ({"BM": 64, "BN": 64}, {"BM": 128, "BN": 64})
-DECODE_SLICES = (8, 16, 32)  # NS: slices of a rank's cache, a part tile each (the default is 8)
+# Variants timed beside the defaults (label: program, consts at build, compile options); the best is
+# reported apart. sp_ag_attention at BM=128 BN=64 was wrong on rank 1 in the run of 2026-12-01 (4 warps,
+# a spilling kernel); it now gets 8 warps. The tile alone also as Triton's fused-attention tutorial
+# builds it on Hopper: 128 query rows on 8 warps, 3 stages, BN 64 or 128 (128 spills 176 bytes at
+# sm_90 on this codegen), and the causal loop split into whole blocks and masked diagonal blocks.
+SP_VARIANTS = {"BM128_BN64": ({"BM": 128, "BN": 64}, {})}
+TILE_VARIANTS = {
+    "BM128_BN64": ("attention_local", {"BM": 128, "BN": 64}, {}),
+    "BM128_BN64_3stages": ("attention_local", {"BM": 128, "BN": 64}, {"num_stages": 3}),
+    "split_BM128_BN64": ("attention_local_split", {"BM": 128, "BN": 64}, {}),
+    "BM128_BN128": ("attention_local", {"BM": 128, "BN": 128}, {}),
+}
+# flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
+# (SLICES in programs/flash_decode.tds), timed beside half and twice as many (forced through its consts)
+SLICE_NEIGHBOURS = (0.5, 2)
 BF16 = {"device": "cuda", "dtype": torch.bfloat16}
 _said = set()
 
@@ -115,17 +129,23 @@ def prefill_row(programs, B, tokens, rank, world, verdicts):
     # causal attention over the sequence: 4 B H S^2 D / 2 flops, shared evenly by the zig-zag pieces
     row["tflop_per_rank"] = 4 * B * H * (2 * world * P) ** 2 * D / 2 / world / 1e12
     tag = f"prefill B={B} tokens={tokens}"
-    for n, blocks in enumerate(PREFILL_BLOCKS):
-        label = "" if n == 0 else f"_BM{blocks['BM']}_BN{blocks['BN']}"
-        sp, local = programs[f"sp_ag_attention{label}"], programs[f"attention_local{label}"]
-        row[f"tiledsl{label}"] = time_checked(verdicts, f"{tag} sp_ag_attention {blocks}",
+    sp_labels = [""] + [f"_{label}" for label in SP_VARIANTS]
+    for label in sp_labels:
+        sp = programs[f"sp_ag_attention{label}"]
+        row[f"tiledsl{label}"] = time_checked(verdicts, f"{tag} sp_ag_attention {label[1:] or 'default'}",
                                               program_call(sp, Q, K, V, O), sp.check, O, want)
-        row[f"tiledsl_attention_alone{label}"] = time_checked(
-            verdicts, f"{tag} attention_local (the tile alone) {blocks}", program_call(local, Q, K_all, V_all, O),
-            local.check, O, want)
-    labels = [""] + [f"_BM{b['BM']}_BN{b['BN']}" for b in PREFILL_BLOCKS[1:]]
     row["tiledsl_best"], row["tiledsl_best_blocks"] = min(
-        ((row[f"tiledsl{label}"], label or "default") for label in labels), key=lambda x: (math.isnan(x[0]), x[0]))
+        ((row[f"tiledsl{label}"], label[1:] or "default") for label in sp_labels),
+        key=lambda x: (math.isnan(x[0]), x[0]))
+    tile_labels = [""] + [f"_{label}" for label in TILE_VARIANTS]
+    for label in tile_labels:
+        local = programs[f"attention_local{label}"]
+        row[f"tiledsl_attention_alone{label}"] = time_checked(
+            verdicts, f"{tag} the tile alone {label[1:] or 'default'}", program_call(local, Q, K_all, V_all, O),
+            local.check, O, want)
+    row["tiledsl_alone_best"], row["tiledsl_alone_best_variant"] = min(
+        ((row[f"tiledsl_attention_alone{label}"], label[1:] or "default") for label in tile_labels),
+        key=lambda x: (math.isnan(x[0]), x[0]))
     from torch.nn.attention import SDPBackend
     K_buf, V_buf = torch.empty(world, *K.shape, **BF16), torch.empty(world, *V.shape, **BF16)
     best_alone, best_total = (NAN, None), (NAN, None)
@@ -209,6 +229,28 @@ def graphed(fn):
     return graph.replay
 
 
+class DecodePrograms:
+    """flash_decode as built by default, and built to force a number of slices, each compiled once."""
+
+    def __init__(self, heap):
+        self.heap = heap
+        self.default = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap)
+        # the same with a one-pass combine (bench/experiments/flash_decode_onepass.tds), at the same slices
+        self.onepass = tiledsl.compile(ROOT / "bench" / "experiments" / "flash_decode_onepass.tds", heap)
+        self.forced = {}
+
+    def slices(self, B, H, HKV, C, world) -> int:
+        """What the default chooses at these sizes (the first dimension of its partials)."""
+        env = {"B": B, "H": H, "HKV": HKV, "C": C, "rank": 0, "world": world, **self.default.module.tds_CONSTS}
+        return self.default.module.tds_tensor_shapes(env)["Part"][0]
+
+    def force(self, n):
+        if n not in self.forced:  # the chooser opened wide: exactly NS slices
+            self.forced[n] = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", self.heap, NS=n, MINKEYS=1,
+                                             SMS=2**30)
+        return self.forced[n]
+
+
 def decode_row(programs, B, C, world, verdicts):
     H, HKV = DECODE_HEADS, DECODE_KV_HEADS
     Q, O = torch.randn(B, H, D, **BF16), torch.empty(B, H, D, **BF16)
@@ -220,13 +262,21 @@ def decode_row(programs, B, C, world, verdicts):
     packed = torch.empty(world, B, H, D + 1, device="cuda")
     row = {"op": "decode", "world": world, "B": B, "kv_per_rank": C, "H": H, "HKV": HKV, "D": D}
     tag = f"decode B={B} kv={C}"
-    for slices, program in programs.items():
-        key = "tiledsl" if slices == DECODE_SLICES[0] else f"tiledsl_NS{slices}"
-        row[key] = time_checked(verdicts, f"{tag} flash_decode NS={slices}", program_call(program, Q, K, V, Lens, O),
-                                program.check, O, want, timer=time_loop_ms)
+    chosen = programs.slices(B, H, HKV, C, world)
+    row["tiledsl_slices"] = chosen
+    variants = [("tiledsl", chosen, programs.default), ("tiledsl_onepass", chosen, programs.onepass)]
+    for factor in SLICE_NEIGHBOURS:
+        n = int(chosen * factor)
+        if 1 <= n <= C:
+            variants.append((f"tiledsl_NS{n}", n, programs.force(n)))
+    for key, slices, program in variants:
+        how = {"tiledsl": "", "tiledsl_onepass": " (one-pass combine)"}.get(key, " (forced)")
+        name = f"{tag} flash_decode {slices} slices{how}"
+        row[key] = time_checked(verdicts, name, program_call(program, Q, K, V, Lens, O), program.check, O, want,
+                                timer=time_loop_ms)
         program.release()  # its prepared calls keep this row's caches alive
     row["tiledsl_best"], row["tiledsl_best_slices"] = min(
-        ((row["tiledsl" if n == DECODE_SLICES[0] else f"tiledsl_NS{n}"], n) for n in DECODE_SLICES),
+        ((row[key], n if key != "tiledsl_onepass" else f"{n}, one pass") for key, n, _ in variants),
         key=lambda x: (math.isnan(x[0]), x[0]))
     best = (NAN, None)
     for how in ("flash", "matmul"):
@@ -255,8 +305,9 @@ def ratio(a, b) -> str:
 def table(rows) -> str:
     lines = ["Prefill (ms; speed-ups are baseline / tiledsl):", "",
              "| B | tokens/rank | tiledsl SP | tiledsl attention alone | AG + SDPA (backend) | SDPA alone (backend) "
-             "| SP vs AG+SDPA | tile vs SDPA alone | SP / own attention | tile TFLOP/s | best SP (blocks) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| SP vs AG+SDPA | tile vs SDPA alone | SP / own attention | tile TFLOP/s | best SP (blocks) "
+             "| best tile (variant) | best tile vs SDPA alone |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["op"] == "prefill"):
         tflops = r["tflop_per_rank"] / (r["tiledsl_attention_alone"] / 1e3)
         lines.append(f"| {r['B']} | {r['tokens_per_rank']} | {r['tiledsl']:.3f} | {r['tiledsl_attention_alone']:.3f} | "
@@ -264,12 +315,15 @@ def table(rows) -> str:
                      f"({r['torch_alone_backend']}) | {ratio(r['torch_ag_sdpa'], r['tiledsl'])} | "
                      f"{ratio(r['torch_alone'], r['tiledsl_attention_alone'])} | "
                      f"{ratio(r['tiledsl'], r['tiledsl_attention_alone'])} | {tflops:.0f} | "
-                     f"{r['tiledsl_best']:.3f} ({r['tiledsl_best_blocks']}) |")
+                     f"{r['tiledsl_best']:.3f} ({r['tiledsl_best_blocks']}) | "
+                     f"{r['tiledsl_alone_best']:.3f} ({r['tiledsl_alone_best_variant']}) | "
+                     f"{ratio(r['torch_alone'], r['tiledsl_alone_best'])} |")
     lines += ["", "Decode (ms per step, 20 steps back to back):", "",
-              "| B | KV/rank | tiledsl (NS=8) | best tiledsl (NS) | torch (variant) | speed-up | best speed-up |",
+              "| B | KV/rank | tiledsl (slices) | best tiledsl (slices) | torch (variant) | speed-up | best speed-up |",
               "|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["op"] == "decode"):
-        lines.append(f"| {r['B']} | {r['kv_per_rank']} | {r['tiledsl']:.4f} | {r['tiledsl_best']:.4f} "
+        lines.append(f"| {r['B']} | {r['kv_per_rank']} | {r['tiledsl']:.4f} ({r['tiledsl_slices']}) | "
+                     f"{r['tiledsl_best']:.4f} "
                      f"({r['tiledsl_best_slices']}) | {r['torch']:.4f} ({r['torch_variant']}) | "
                      f"{ratio(r['torch'], r['tiledsl'])} | {ratio(r['torch'], r['tiledsl_best'])} |")
     return "\n".join(lines)
@@ -307,13 +361,15 @@ def main() -> int:
     heap = open_heap()
     verdicts = Verdicts()
     programs = {}
-    for n, blocks in enumerate(PREFILL_BLOCKS):
-        label = "" if n == 0 else f"_BM{blocks['BM']}_BN{blocks['BN']}"
-        programs[f"sp_ag_attention{label}"] = tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap,
-                                                              **blocks)
-        programs[f"attention_local{label}"] = tiledsl.compile(ROOT / "bench" / "experiments" / "attention_local.tds",
-                                                              heap, **blocks)
-    decode = {n: tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap, NS=n) for n in DECODE_SLICES}
+    experiments = ROOT / "bench" / "experiments"
+    programs = {"sp_ag_attention": tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap),
+                "attention_local": tiledsl.compile(experiments / "attention_local.tds", heap)}
+    for label, (consts, options) in SP_VARIANTS.items():
+        programs[f"sp_ag_attention_{label}"] = tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap,
+                                                               **consts, **options)
+    for label, (name, consts, options) in TILE_VARIANTS.items():
+        programs[f"attention_local_{label}"] = tiledsl.compile(experiments / f"{name}.tds", heap, **consts, **options)
+    decode = DecodePrograms(heap)
     rows = []
     for B, tokens in PREFILL:
         rows.append(prefill_row(programs, B, tokens, rank, world, verdicts))

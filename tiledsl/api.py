@@ -40,7 +40,7 @@ def build_module(source, consts: dict | None = None):
 def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: float = 5.0,  # noqa: A001
             dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
             graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, trace: bool = False,
-            **consts):
+            num_stages: int | None = None, **consts):
     """Compile a program (a path to a .tds file, or its text) and bind it to this rank.
 
     `heap` is the symmetric heap shared with the other ranks (`tiledsl.runtime.heap.open_heap()` under
@@ -51,7 +51,8 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     On a GPU the first call with a set of tensors launches through Triton's JIT; the second records
     the call in a CUDA graph (with staged inputs, one per staging buffer), which later calls replay (`graphs=False`: relaunch the compiled kernels
     directly instead; `replay=False` too: every launch through the JIT, to compare or to rule the
-    fast paths out). `num_warps` overrides the warps per program (8 with a matrix product, else 4).
+    fast paths out). `num_warps` overrides the warps per program (8 with a matrix product or a
+128-row block, else 4), `num_stages` the software pipeline's depth of the loops that may be pipelined.
     The persistent kernel passes the entry barrier itself unless copy-engine chunks need the epoch
     first (`fold_entry=False`: a separate entry kernel every call, to compare). `trace=True` stamps
     every instance's start, end of waits and end on the GPU clock (tiledsl.runtime.timeline: Perfetto
@@ -59,7 +60,8 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     module = build_module(source, consts)
     return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
                        dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay,
-                       graphs=graphs, num_warps=num_warps, fold_entry=fold_entry, trace=trace)
+                       graphs=graphs, num_warps=num_warps, fold_entry=fold_entry, trace=trace,
+                       num_stages=num_stages)
 
 
 def empty(shape, dtype=None, heap=None):

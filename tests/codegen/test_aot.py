@@ -98,3 +98,44 @@ def test_fp32_products_fit_an_sm_with_the_blocks_ops_picks_and_are_refused_by_na
             assert compile_kernel(own, "sm_90", dtype="float32").metadata.shared <= HOPPER_SHARED_BYTES
     if name in ("ag_gemm", "ag_gemm_push"):  # 128 x 256 blocks with a TMA store: 327680 bytes at BK 64
         assert refused
+
+
+# ---- the attention tile at 128 query rows (GPU run 2026-12-01: sp_ag_attention wrong on rank 1 at BM=128,
+# BN=64, right at the defaults and right emulated) ------------------------------------------------------
+
+ATTENTION = ROOT / "programs" / "sp_ag_attention.tds"
+
+
+def _attention(warps: int | None = None, **consts):
+    """The built module, or with `warps` a copy whose families ask for that many (build_module caches
+    modules: the cached one stays as built)."""
+    import dataclasses
+    import types
+    module = build_module(ATTENTION, consts)
+    if warps is None:
+        return module
+    changed = types.ModuleType(module.__name__)
+    changed.__dict__.update(module.__dict__)
+    changed.tds_FAMILIES = tuple(dataclasses.replace(f, warps=warps) for f in module.tds_FAMILIES)
+    return changed
+
+
+def test_the_report_counts_what_ptxas_spills_into_the_stack_frame():
+    """A [128, 128] fp32 accumulator on 4 warps does not fit in 255 registers: ptxas spills it into
+    the stack frame, which the report must show (it read LOCAL only, and said 0)."""
+    row = report(_attention(warps=4, BM=128, BN=64), "sm_90")
+    if not row.sass:
+        pytest.skip("cuobjdump is missing: the resource usage cannot be read")
+    assert row.spill_bytes > 0
+
+
+def test_a_128_row_attention_tile_gets_8_warps_and_does_not_spill():
+    """The warps follow the largest block a tile holds (codegen/blocks.py): 8 for a [128, 128] accumulator,
+    which then fits in registers. On 4 warps this kernel spilled around the slow path of its waits (a
+    call), the one place only rank 1's tiles reached mid-accumulation on the GPU."""
+    module = _attention(BM=128, BN=64)
+    assert [f.warps for f in module.tds_FAMILIES if f.name == "attn"] == [8]
+    row = report(module, "sm_90")
+    if not row.sass:
+        pytest.skip("cuobjdump is missing: the resource usage cannot be read")
+    assert row.spill_bytes == 0 and 0 < row.registers <= 255

@@ -1,10 +1,11 @@
 """Multi-GPU checks of the attention programs, run under torchrun (made for world 2, any world works):
-sp_ag_attention (zig-zag causal, GQA), sp_ulysses (causal and full), flash_decode (one sequence whose
-cache ends before the last rank's share, lengths no block divides), each against torch's
-scaled_dot_product_attention in float32 on the sequence gathered by torch.distributed; 100 calls back
-to back with no reset, each on fresh random inputs with its output poisoned (NaN) before and checked
-after; and flash_decode recorded into a CUDA graph of the caller's, replayed 100 times on fresh inputs
-copied into the graph's tensors. Rank 0 prints one PASS/FAIL line a check."""
+sp_ag_attention (zig-zag causal, GQA; also built with BM=128 BN=64), sp_ulysses (causal and full),
+flash_decode (one sequence whose cache ends before the last rank's share, lengths no block divides),
+each against torch's scaled_dot_product_attention in float32 on the sequence gathered by
+torch.distributed; 100 calls back to back with no reset, each on fresh random inputs with its output
+poisoned (NaN) before and checked after; and flash_decode recorded into a CUDA graph of the caller's,
+replayed 100 times on fresh inputs copied into the graph's tensors. Rank 0 prints one PASS/FAIL line a
+check."""
 import sys
 from pathlib import Path
 
@@ -27,6 +28,12 @@ D = 128
 def zigzag_shapes(world):
     """(B, P, H, HKV) of sp_ag_attention: P tokens a piece, 2 * world pieces; the second no block divides."""
     return [(1, 1024, 8, 2), (2, 1000, 32, 8)]
+
+
+def zigzag_block_cases(world):
+    """(blocks, (B, P, H, HKV)) of sp_ag_attention built with other blocks: BM=128 BN=64 at the size where
+    the GPU run of 2026-12-01 found rank 1 wrong (then 4 warps and a spilling kernel; now 8, no spill)."""
+    return [({"BM": 128, "BN": 64}, (2, 2048, 32, 8)), ({"BM": 128, "BN": 64}, (1, 1000, 8, 2))]
 
 
 def ulysses_shapes(world):
@@ -103,9 +110,9 @@ def decode_lengths(Lens, C):
 
 # ---- checks ------------------------------------------------------------------------------------------
 
-def zigzag_check(heap, B, P, H, HKV):
+def zigzag_check(heap, B, P, H, HKV, blocks=None):
     def run():
-        program = tiledsl.compile(PROGRAMS / "sp_ag_attention.tds", heap, D=D)
+        program = tiledsl.compile(PROGRAMS / "sp_ag_attention.tds", heap, D=D, **(blocks or {}))
 
         def make_case():
             Q, O = empty(B, 2, P, H, D, **BF16), empty(B, 2, P, H, D, **BF16)
@@ -203,6 +210,9 @@ def main() -> int:
     for B, P, H, HKV in zigzag_shapes(world):
         record(f"sp_ag_attention B={B} P={P} H={H} HKV={HKV} (sequence {2 * world * P})",
                zigzag_check(heap, B, P, H, HKV))
+    for blocks, (B, P, H, HKV) in zigzag_block_cases(world):
+        record(f"sp_ag_attention {blocks} B={B} P={P} H={H} HKV={HKV} (sequence {2 * world * P})",
+               zigzag_check(heap, B, P, H, HKV, blocks))
     for S, DM, H, HKV in ulysses_shapes(world):
         for causal in (True, False):
             record(f"sp_ulysses {'causal' if causal else 'full'} S={S} DM={DM} H={H} HKV={HKV}",

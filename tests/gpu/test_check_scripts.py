@@ -149,6 +149,7 @@ def _script_rank(rank, world, port, script, stale, results):
     if script == "attention_checks":
         module.D = 16
         module.zigzag_shapes = lambda world: [(1, 21, 4, 2)]
+        module.zigzag_block_cases = lambda world: [({"BM": 32, "BN": 16}, (1, 21, 4, 2))]
         module.ulysses_shapes = lambda world: [(19 * world, 24, 2 * world, world)]
         module.decode_shapes = lambda world: [(3, 4, 2, 13)]
     elif script == "multigpu_checks":

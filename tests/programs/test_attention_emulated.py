@@ -77,12 +77,16 @@ CASES = [
     # (one ragged block: the steps grow with the pieces, 2 * world of them)
     Case("zigzag causal, GQA 2, ragged pieces", "sp_ag_attention", {**SMALL, "BM": 16, "BN": 16},
          lambda w: {"B": 1, "P": 21 if w == 2 else 13, "H": 2, "HKV": 1}, _zigzag_inputs),
+    # more query rows than keys a block (BM = 2 BN, as BM=128 BN=64 on the GPU): the diagonal block of
+    # keys covers half a query block, the rows before it see a block with no key at all
+    Case("zigzag causal, BM = 2 BN", "sp_ag_attention", {**SMALL, "BM": 32, "BN": 16},
+         lambda w: {"B": 1, "P": 40 if w == 2 else 24, "H": 2, "HKV": 1}, _zigzag_inputs, calls=1),
     Case("ulysses causal, GQA 2, ragged shards", "sp_ulysses", {**SMALL, "BM": 16}, **ULYSSES, calls=1,
          expect={"D": SMALL["D"]}),
     Case("ulysses full attention", "sp_ulysses", {**SMALL, "BM": 16, "CAUSAL": 0}, **ULYSSES, calls=1,
          expect={"D": SMALL["D"], "causal": False}),
     # a cache of 13 per rank in two slices of one 16-key block: the second slice is empty everywhere
-    Case("decode, a rank with no keys, GQA 2", "flash_decode", {**SMALL, "BN": 16, "NS": 2},
+    Case("decode, a rank with no keys, GQA 2", "flash_decode", {**SMALL, "BN": 16, "NS": 2, "MINKEYS": 1},
          lambda w: {"B": 2, "H": 4, "HKV": 2, "C": 13}, _decode_inputs),
 ]
 RUNS = sorted({(case.program, world) for case in CASES for world in WORLDS})

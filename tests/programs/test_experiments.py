@@ -10,7 +10,9 @@ from tiledsl.runtime.run_program import run_emulated
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "bench" / "experiments").glob("*.tds"))
 # (sizes, consts) where the defaults would keep the interpreter busy for minutes (blocks of 64 by 128)
-SMALL = {"attention_local": ({"B": 1, "P": 21, "H": 2, "HKV": 1}, {"D": 16, "BM": 16, "BN": 16})}
+SMALL = {"attention_local": ({"B": 1, "P": 21, "H": 2, "HKV": 1}, {"D": 16, "BM": 16, "BN": 16}),
+         # 32 query rows a tile over 16 keys a block: whole blocks, diagonal ones and a ragged last one
+         "attention_local_split": ({"B": 1, "P": 37, "H": 2, "HKV": 1}, {"D": 16, "BM": 32, "BN": 16})}
 
 
 def test_there_are_experiments():

@@ -103,6 +103,16 @@ def test_num_warps_overrides_the_launch_options_and_must_be_a_power_of_two():
         Program(module, None, emulated=False, num_warps=12)
 
 
+def test_num_stages_overrides_the_launch_options_and_a_128_row_tile_gets_8_warps():
+    env = {"N": 64, "rank": 0, "world": 1, "BLOCK": 1024}
+    module = build_module((PROGRAMS[0].parent / "copy.tds").read_text(), {})
+    assert Program(module, None, emulated=False, num_stages=3)._options(env)["num_stages"] == 3
+    with pytest.raises(LaunchError, match="num_stages"):
+        Program(module, None, emulated=False, num_stages=0)
+    attention = build_module(PROGRAMS[0].parent / "sp_ag_attention.tds", {"BM": 128})
+    assert Program(attention, None, emulated=False)._options({})["num_warps"] == 8
+
+
 class FakeGraph:
     """Stands in for torch.cuda.CUDAGraph: counts replays."""
     replays = 0

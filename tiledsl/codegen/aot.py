@@ -30,7 +30,7 @@ def arch_number(arch: str) -> int:
 
 
 def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None,
-                   trace: bool = False):
+                   trace: bool = False, options: dict | None = None):
     """Compile `module.tds_kernel` for `arch` with every family enabled; returns Triton's CompiledKernel.
     The signature comes from the module's one list of kernel arguments (`tds_ARGS`); `dtype` replaces
     the tensors' own (an fp16 build of a bf16 program, say)."""
@@ -72,7 +72,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     for name in constexprs:
         signature[name] = "constexpr"
     import torch
-    options = kernel_options(module, getattr(torch, dtype).itemsize if dtype else 2)
+    # `options`: num_warps, num_stages as at launch
+    options = {**kernel_options(module, getattr(torch, dtype).itemsize if dtype else 2), **(options or {})}
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())
@@ -89,8 +90,8 @@ def _cuobjdump() -> str | None:
         return None
 
 
-def report(module, arch: str = "sm_90", sizes: dict | None = None) -> KernelReport:
-    kernel = compile_kernel(module, arch, sizes)
+def report(module, arch: str = "sm_90", sizes: dict | None = None, options: dict | None = None) -> KernelReport:
+    kernel = compile_kernel(module, arch, sizes, options=options)
     cubin = kernel.asm["cubin"]
     hgmma, sass, registers, spills = 0, False, 0, 0
     tool = _cuobjdump()
@@ -104,9 +105,12 @@ def report(module, arch: str = "sm_90", sizes: dict | None = None) -> KernelRepo
         if dump.returncode == 0:
             sass = True
             hgmma = dump.stdout.count("HGMMA")
-        found = re.search(r"REG:(\d+).*?LOCAL:(\d+)", usage.stdout)
+        # ptxas spills into the thread's stack frame (STACK), not LOCAL: a [128, 128] accumulator on 4
+        # warps read REG:255 STACK:512 LOCAL:0 (ptxas -v: 596 bytes of spill stores). A Triton kernel has
+        # no other use for a stack frame, so both count as spilled bytes.
+        found = re.search(r"REG:(\d+)\s+STACK:(\d+).*?LOCAL:(\d+)", usage.stdout)
         if found:
-            registers, spills = int(found.group(1)), int(found.group(2))
+            registers, spills = int(found.group(1)), int(found.group(2)) + int(found.group(3))
     return KernelReport(name=f"{module.__name__}.tds_kernel", registers=registers,
                         shared_bytes=int(kernel.metadata.shared), spill_bytes=spills,
                         hgmma=hgmma, sass=sass, cubin_bytes=len(cubin))

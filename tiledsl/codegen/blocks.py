@@ -19,6 +19,11 @@ from tiledsl.schedule.values import value_shape
 from tiledsl.tables import FUNCTIONS
 
 MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
+# fp32 elements of a tile's largest block that one warp holds: 64 registers a thread, which leaves
+# the rest of the 255 for the other blocks of a step. More, and ptxas spills (seen: a [128, 128]
+# accumulator on 4 warps, 255 registers and a 512-byte stack).
+ELEMENTS_PER_WARP = 64 * 32
+MIN_WARPS, MAX_WARPS = 4, 8
 # names the kernel template gives itself around a family's statements: never a statement's
 TEMPLATE_NAMES = {"tds_t", "tds_inst", "tds_part", "tds_k", "tds_a", "tds_b", "tds_first", "tds_last", "tds_step",
                   "tds_r", "tds_c", "tds_r0", "tds_c0", "tds_block", "tds_inside", "tds_peer", "tds_pid",
@@ -102,7 +107,17 @@ class _Block:
     def lower(self) -> b.TileBody:
         out: list = []
         self.statements(self.family.body or self.family.stores, out)
-        return b.TileBody(tuple(out), None, None, tuple(self.blocks), tuple(self.head))
+        return b.TileBody(tuple(out), None, None, tuple(self.blocks), tuple(self.head), self.warps())
+
+    def warps(self) -> int:
+        """Enough warps that the largest named block known at build (an accumulator, say) takes at most
+        ELEMENTS_PER_WARP elements a warp; blocks sized at launch do not count."""
+        largest = 0
+        for shape in self.shapes.values():
+            sizes = [sympy.sympify(d).subs({ir.size_symbol(k): v for k, v in self.consts.items()}) for d in shape]
+            if all(n.is_Integer for n in sizes):
+                largest = max(largest, math.prod(1 if n == 1 else max(MIN_BLOCK, pow2_at_least(int(n))) for n in sizes))
+        return min(MAX_WARPS, max(MIN_WARPS, pow2_at_least(math.ceil(largest / ELEMENTS_PER_WARP))))
 
     def shape(self, value) -> tuple:
         return value_shape(value, self.shapes)

@@ -352,6 +352,7 @@ class TileBody:
     tma_target: str | None                        # the tensor a TmaStore writes
     blocks: tuple[tuple[str, sympy.Expr], ...]   # launch-time constexpr blocks: name, the size it covers
     head: tuple[Statement, ...] = ()             # what every instance shares (aranges): once, before them
+    warps: int = 4                               # warps a program needs to hold its largest block in registers
 
 
 def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],

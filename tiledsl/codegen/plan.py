@@ -94,6 +94,7 @@ class Family:
     blocks: tuple[tuple[str, sympy.Expr], ...] = ()      # launch-time constexpr blocks and the sizes they cover
     head: tuple[Statement, ...] = ()                     # once per program, before its instances (aranges)
     lets: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()  # let names its kernel code uses, in order
+    warps: int = 4                                       # warps its largest block needs (codegen/blocks.py)
 
     @property
     def count(self) -> sympy.Expr:
@@ -270,6 +271,7 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
     body: tuple = ()
     blocks: tuple = ()
     head: tuple = ()
+    warps = 4
     every = tuple(_waits(schedule, family, kernel, reach)) if on_sms else ()
     # a `wait` in the tile's loop waits at the top of each step; the family's edges before it starts
     waits = tuple(w for w in every if schedule.edges[w.edge].loop is None)
@@ -278,7 +280,7 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
         tile = tile_body(schedule, family, consts, kernel, step_waits, sites)
         body, product, tma_target, blocks = tile.statements, tile.product, tile.tma_target, tile.blocks
         body = _past_valid(schedule, family, kernel, sites, body)
-        head = tile.head
+        head, warps = tile.head, tile.warps
     elif on_sms:
         body = chunk_body(schedule, family, kernel, sites)
     # a product's TMA loads read what its waits acquired, through another proxy: a fence between them
@@ -300,7 +302,7 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
         order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, body=body,
         notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
         host=None if on_sms else _host_copy(schedule, family), product=product, tma_target=tma_target,
-        blocks=blocks, head=head)
+        blocks=blocks, head=head, warps=warps)
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
 
 

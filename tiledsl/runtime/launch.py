@@ -40,7 +40,7 @@ class Program(Issuing):
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
                  dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
                  graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, trace: bool = False,
-                 **consts):
+                 num_stages: int | None = None, **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated and not sync.EMULATED:
@@ -57,6 +57,9 @@ class Program(Issuing):
         if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1) or num_warps > 32):
             raise LaunchError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
         self.num_warps = num_warps  # None: kernel_options decides (8 with a product, else 4)
+        if num_stages is not None and not 1 <= num_stages <= 8:
+            raise LaunchError(f"num_stages must be from 1 to 8, got {num_stages}")
+        self.num_stages = num_stages  # None: kernel_options decides; a loop whose steps wait keeps 1
         # families left out on purpose, to break a schedule in tests: their consumers must time out
         self.skip = set(skip)
         # relaunch compiled kernels directly after the first call (False: every launch through the JIT)
@@ -437,6 +440,8 @@ class Program(Issuing):
             raise LaunchError(str(error)) from None
         if self.num_warps is not None:
             options["num_warps"] = self.num_warps
+        if self.num_stages is not None:
+            options["num_stages"] = self.num_stages
         if self.module.tds_USES_NVSHMEM and not self.emulated:
             from tiledsl.runtime import nvshmem_device
             nvshmem_device.init_module_hook()

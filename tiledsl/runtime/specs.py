@@ -79,6 +79,7 @@ class FamilySpec:
     ordered: bool
     matmul: bool
     counted: bool = False  # instances add one to a count per first index (copy-engine chunks wait on it)
+    warps: int = 4         # warps its largest block needs in registers (codegen/blocks.py)
 
 
 def pow2_at_least(n: int) -> int:
@@ -104,11 +105,13 @@ def kernel_options(module, element_size: int = 2) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block, for operands of `element_size` bytes (2:
     the bf16 a program declares; 4 when it runs in fp32). Blocks that leave room for fewer than two
-    stages are refused here, by name, rather than by the driver at the first launch."""
+    stages are refused here, by name, rather than by the driver at the first launch. Tiles written as
+    blocks get the warps their largest block needs (4 or 8)."""
     descriptors = {a.name: a for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR}
     products = [f.name for f in module.tds_FAMILIES if f.matmul]
     if not products:
-        return {"num_warps": 4, "num_stages": 2}
+        # one kernel runs every family: as many warps as the most demanding tile needs
+        return {"num_warps": max([4] + [getattr(f, "warps", 4) for f in module.tds_FAMILIES]), "num_stages": 2}
     stages = []
     for f in products:
         # the last two dimensions of each block (an N-D operand's others are 1)
