@@ -9,6 +9,7 @@ What runs, in which order and what each edge waits for is the schedule's meaning
 sympy expressions and small records, never code; the templates print it (`render.py`)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from dataclasses import dataclass, field
@@ -202,6 +203,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
         if name in schedule.tunables and value not in schedule.tunables[name]:
             raise LoweringError(f"{name}={value} is not one of its choices {list(schedule.tunables[name])}")
     _check_program_counts(schedule, consts)
+    schedule = _resolve_splits(schedule, consts)
     kernel = let_names(schedule)
     cross_rank = {e.producer for e in schedule.edges if e.ranks is not ir.RankSet.LOCAL}
     reach = meaning.notify_reach(schedule)
@@ -427,6 +429,15 @@ def _lets_used(schedule: ir.Schedule, family: Family, kernel) -> tuple[tuple[sym
 
 
 # ---- host side -------------------------------------------------------------------------------------
+
+def _resolve_splits(schedule: ir.Schedule, consts: dict[str, int]) -> ir.Schedule:
+    """The schedule with every `split` a number: a split written over consts (`split PIECES`) takes the
+    values built. The meaning does not depend on it (an instance is complete when all its parts are)."""
+    if all(isinstance(f.split, int) for f in schedule.families.values()):
+        return schedule
+    families = {name: dataclasses.replace(f, split=f.parts(consts)) for name, f in schedule.families.items()}
+    return dataclasses.replace(schedule, families=families)
+
 
 def _check_program_counts(schedule: ir.Schedule, consts: dict[str, int]) -> None:
     """The checker proved the program counts fit on the GPU with the consts' defaults; counts that

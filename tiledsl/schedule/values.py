@@ -141,7 +141,7 @@ class ValueBuilder:
     def chunk(self, decl: ast.ChunkDecl, scope, space, engine) -> ir.Family | None:
         source = self.region(decl.source, scope)
         target = self.region(decl.target, scope, writing=True)
-        split = 1 if decl.split is None else self.b.constant(decl.split, scope, "split")
+        split = 1 if decl.split is None else self.b.constant(decl.split, scope, "split", of_consts=True)
         if source is None or target is None or split is None:
             return None
         if len(source.shape) != len(target.shape) or not all(map(same, source.shape, target.shape)):
