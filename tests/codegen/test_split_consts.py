@@ -37,7 +37,7 @@ def test_the_module_splits_each_instance_in_the_parts_the_build_sets(consts, par
     assert counts == {"put": 2, "mine": 2}
     text = run(SOURCE, consts=consts).module
     if parts > 1:  # each program takes one part of one instance; a consumer waits for every part
-        assert f"tds_part = tds_t % {parts}" in text and f"for tds_wpart in range(0, {parts}):" in text
+        assert f"tds_part = tds_t % {parts}" in text and f"PARTS={parts}, BLOCK=" in text
     else:
         assert "tds_part" not in text
 

@@ -330,13 +330,10 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
         instance = sympy.Integer(0)
         for i, (_, extent) in zip(index, producer.indices):
             instance = instance * kernel(extent) + i
+        # the producer's parts are consecutive slots, read at once (sync.wait_parts)
         slot = kernel(writer) * _slots(producer, kernel) + instance * producer.split
-        if producer.split > 1:
-            part = ir.index_symbol("tds_wpart")
-            loops.append((part, sympy.Integer(producer.split)))
-            slot += part
         yield Wait(number, source_line(schedule, edge.span), producer.name, tuple(loops), slot,
-                   kernel(target.exists), shmem)
+                   kernel(target.exists), shmem, producer.split)
 
 
 def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:

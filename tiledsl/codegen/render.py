@@ -31,7 +31,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
                        dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
-                       always=always, plus=plus, slot=slot_code, comment=comment, string=string)
+                       always=always, plus=plus, slot=slot_code, comment=comment, string=string,
+                       next_power_of_2=lambda n: 1 << (int(n) - 1).bit_length())
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
                        FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env
