@@ -2,7 +2,8 @@
 unfused") measured at the shapes of a LLaMA-3-8B layer under tensor parallelism (bf16). For each op and
 shape: the first call tunes (measures every path and keeps the fastest); then the tuned call and the
 torch path (`impl="torch"`) are each checked against float64 results of every rank's inputs and timed
-back to back (median of 10 windows of 20 calls between CUDA events, the slowest rank's). A tuned call
+back to back (median of 10 windows of 20 calls between CUDA events, the two paths' windows taken
+in turn, the slowest rank's). A tuned call
 more than 5% slower than the torch path prints a SLOWER line; a wrong output a FAIL line (exit 1).
 
     torchrun --nproc-per-node=2 bench/bench_ops.py
@@ -21,7 +22,7 @@ import torch.distributed as dist
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
-from common import Verdicts, rank0, save, slowest, time_loop_ms  # noqa: E402
+from common import Verdicts, rank0, save, slowest, time_interleaved_ms  # noqa: E402
 from ops_checks import expected, fresh  # noqa: E402
 
 import tiledsl.ops as ops  # noqa: E402
@@ -65,15 +66,17 @@ def main() -> int:
             fn = getattr(ops, op)
             tuned = fn(*tensors, **kwargs)  # tunes: measures every path, keeps the fastest
             choice = ops.decision(op).choice
-            times = {}
+            calls = {}
             for name, extra in (("tiledsl", {}), ("torch", {"impl": "torch"})):
                 got = fn(*tensors, **kwargs, **extra)
                 got = list(got) if isinstance(got, tuple) else [got]
                 if all(verdicts.ok(f"{label} {name} output {n}", g, w.float(), 3e-2)
                        for n, (g, w) in enumerate(zip(got, want, strict=True))):
-                    times[name] = slowest(time_loop_ms(lambda: fn(*tensors, **kwargs, **extra)))
-                else:
-                    times[name] = math.nan
+                    calls[name] = (lambda extra=extra: fn(*tensors, **kwargs, **extra))
+            # the two paths' windows in turn: when the tuner kept torch, the two are one path, and what
+            # differs is the dispatch alone
+            measured = time_interleaved_ms(calls) if calls else {}
+            times = {name: slowest(measured[name]) if name in measured else math.nan for name in ("tiledsl", "torch")}
             ops.check()
             del tuned
             ratio = times["torch"] / times["tiledsl"]

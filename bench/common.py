@@ -64,6 +64,26 @@ def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before
     return statistics.median(times)
 
 
+def time_interleaved_ms(fns: dict, calls: int = 20, windows: int = 10, warmup: int = 5) -> dict:
+    """time_loop_ms for several ways of doing one thing, their windows taken in turn (A B A B ...), so
+    that a clock or a neighbour that drifts during the run weighs on each alike: {name: median ms}."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    for _ in range(windows):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / calls)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def slowest(value: float) -> float:
     """The largest of every rank's `value` (under torchrun): a collective is as slow as its slowest rank."""
     if not dist.is_initialized():

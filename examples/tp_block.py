@@ -14,7 +14,8 @@ fixed length (the step's shapes never change, so a CUDA graph replays it).
     python examples/tp_block.py --emulate --world 2 --size toy              # CPU, emulated ranks
 
 On GPUs decode steps are timed inside CUDA graphs (`--no-graphs`: eagerly); the first calls of each
-tiledsl op tune it (see tiledsl.ops), so timing starts after warm-up steps. Emulated timings measure the
+tiledsl op tune it (see tiledsl.ops; each path timed in a CUDA graph too, unless `--no-graphs`), so
+timing starts after warm-up steps. Emulated timings measure the
 interpreter, not a GPU: the emulated run checks agreement only."""
 from __future__ import annotations
 
@@ -301,6 +302,13 @@ def main(argv=None) -> int:
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     import tiledsl.ops
+    if not args.no_graphs:
+        # Decode steps replay from CUDA graphs, where no host work is left: the tuner times each path the
+        # same way (timed eagerly, a fused path's launches would count against it). Prefill runs eagerly,
+        # where its GPU time hides the host's either way. Choices made so are kept apart from eager ones.
+        from tiledsl.ops.timers import graph_timer
+        tiledsl.ops.configure(timer=graph_timer,
+                              cache_dir=os.path.join(tempfile.gettempdir(), "tiledsl_tp_block_graph_timer"))
     try:
         rows = run(SIZES[args.size], dist.group.WORLD, torch.device("cuda", local_rank), dtype, args.batch, args.seq,
                    args.decode_batch, args.kv_len, args.iters, graphs=not args.no_graphs)

@@ -3,6 +3,7 @@ SM's shared memory, and its matrix products become wgmma (HGMMA in the SASS). Ab
 programs with a cold Triton cache; `-m "not aot"` leaves them out."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,38 @@ def test_matrix_products_become_hgmma_and_nothing_else_does(reports, path):
 def test_the_gemm_programs_are_the_ones_with_matrix_products():
     found = {p.stem for p in PROGRAMS if p.parent.name == "programs" and has_matmul(build_module(p))}
     assert MATMUL_PROGRAMS <= found
+
+
+# The products tiledsl.ops runs in fp32 too: the library's blocks are chosen for bf16, and in fp32 they
+# need twice the shared memory (the first GPU run of the ops, 2026-12-01: "Required: 426032").
+FP32_PRODUCTS = ["ag_gemm", "ag_gemm_push", "gemm_rs", "gemm_rs_pull", "gemm_rs_ce", "gemm_ar"]
+
+
+@pytest.mark.parametrize("name", FP32_PRODUCTS)
+def test_fp32_products_fit_an_sm_with_the_blocks_ops_picks_and_are_refused_by_name_without(name):
+    from tiledsl.codegen.aot import compile_kernel
+    from tiledsl.ops.context import fitted_blocks, library_consts
+    from tiledsl.runtime.specs import SharedMemoryError, kernel_options
+
+    consts, tunables = library_consts(name)
+    refused = []
+    for bk in tunables.get("BK", (consts["BK"],)):
+        library = {**consts, "BK": bk}
+        fitted = fitted_blocks(library, 4)
+        assert fitted["BM"] == library["BM"]  # rows are padded to BM by the ops: never changed here
+        module = build_module(ROOT / "programs" / f"{name}.tds", fitted)
+        kernel = compile_kernel(module, "sm_90", dtype="float32")
+        assert kernel.metadata.shared <= HOPPER_SHARED_BYTES, (fitted, kernel.metadata.shared)
+        assert kernel.metadata.num_stages >= 2
+        # the library's own blocks in fp32 (a user's tiledsl.compile with dtype_override): they fit, or
+        # they are refused before any launch, by name, never by the driver at the first launch
+        own = build_module(ROOT / "programs" / f"{name}.tds", library)
+        try:
+            kernel_options(own, 4)
+        except SharedMemoryError as error:
+            assert re.search(r"blocks \[\d+, \d+\] x \[\d+, \d+\] of 4-byte elements need \d+ bytes", str(error))
+            refused.append(bk)
+        else:
+            assert compile_kernel(own, "sm_90", dtype="float32").metadata.shared <= HOPPER_SHARED_BYTES
+    if name in ("ag_gemm", "ag_gemm_push"):  # 128 x 256 blocks with a TMA store: 327680 bytes at BK 64
+        assert refused

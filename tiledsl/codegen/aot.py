@@ -71,7 +71,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
                 attrs[(position,)] = aligned
     for name in constexprs:
         signature[name] = "constexpr"
-    options = kernel_options(module)
+    import torch
+    options = kernel_options(module, getattr(torch, dtype).itemsize if dtype else 2)
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())

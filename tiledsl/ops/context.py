@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from tiledsl.library import program as library_program
 from tiledsl.ops.shapes import Buffers, Weights
+from tiledsl.runtime.specs import SHARED_MEMORY_BYTES, shared_memory_bytes
 
 ENV_TUNE = "TILEDSL_OPS_TUNE"          # 0: never measure (cached choices, else the rule without timings)
 ENV_CHECK = "TILEDSL_OPS_CHECK"        # 1: check every call's waits (a host synchronisation per call)
@@ -174,6 +175,25 @@ def consts_for(entry: HeapEntry | None, program: str, tunables: tuple = ()) -> d
     return {**consts, **overrides, **dict(tunables)}
 
 
+def fitted_blocks(consts: dict, element_size: int) -> dict:
+    """A product's blocks (BN, BK) made small enough for two pipeline stages and a TMA store's staging
+    in shared memory at `element_size`: the library's blocks are chosen for bf16, and an fp32 run of
+    them needs twice the room. BN goes to 128 first, then BK to 32, then BN to 64."""
+    if not {"BM", "BN", "BK"} <= consts.keys():
+        return consts
+    fitted = dict(consts)
+    while shared_memory_bytes(fitted["BM"], fitted["BN"], fitted["BK"], True, element_size, 2) > SHARED_MEMORY_BYTES:
+        if fitted["BN"] > 128:
+            fitted["BN"] //= 2
+        elif fitted["BK"] > 32:
+            fitted["BK"] //= 2
+        elif fitted["BN"] > 64:
+            fitted["BN"] //= 2
+        else:
+            break
+    return fitted
+
+
 def compute_dtype(entry: HeapEntry, dtype: torch.dtype) -> torch.dtype:
     return EMULATED_COMPUTE.get(dtype, dtype) if entry.emulated else dtype
 
@@ -182,7 +202,7 @@ def compiled(entry: HeapEntry, program: str, dtype: torch.dtype, tunables: tuple
              options: dict | None = None):
     """The library program `program` (or `source`, a variant of its text) compiled for the heap, in
     `dtype`, with its tunables set; compiled on first use."""
-    consts = consts_for(entry, program, tunables)
+    consts = fitted_blocks(consts_for(entry, program, tunables), dtype.itemsize)
     options = dict(options or {})
     key = (id(entry.heap), program, source, dtype, tuple(sorted(consts.items())), tuple(sorted(options.items())))
     if key not in STATE.programs:

@@ -59,12 +59,17 @@ def choose(op_name: str, p: Problem, impl: str | None = None, tune: bool | None 
     entry, no_heap = heap_for(p.group, p.device)
     paths = op.paths(entry)
     by_name = {path.name: path for path in paths}
-    not_applicable = {}
-    for path in paths[1:]:
-        why = no_heap or op.refusal(path, p, entry)
-        if why:
-            not_applicable[path.name] = why
+
+    def refusals() -> dict:  # why each path but the first (torch's) cannot run this call
+        found = {}
+        for path in paths[1:]:
+            why = no_heap or op.refusal(path, p, entry)
+            if why:
+                found[path.name] = why
+        return found
+
     if impl is not None:
+        not_applicable = refusals()
         path = _path(by_name, impl, op)
         if path.name in not_applicable:
             raise ValueError(f"{op.name}: {path.name} cannot run this call: {not_applicable[path.name]}")
@@ -76,7 +81,8 @@ def choose(op_name: str, p: Problem, impl: str | None = None, tune: bool | None 
     key = "|".join([op.name, f"world{p.world}", entry.kind if entry else "no heap", bucket])
     memory_key = f"{key}|group {p.group}"
     decision = tuning.DECISIONS.get(memory_key)
-    if decision is None:
+    if decision is None:  # the refusals are worked out once a bucket, when it is decided
+        not_applicable = refusals()
         applicable = {name for name in by_name if name not in not_applicable}
 
         def measure(name):

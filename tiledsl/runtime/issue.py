@@ -31,6 +31,7 @@ class PreparedCall:
     fold: bool            # the kernel is the call's entry (no separate entry launch)
     counts: list          # per-row counts of instances done that copy-engine chunks wait on, zeroed first
     exit: bool = False    # inputs peers read in place: the kernel ends with a barrier of all ranks
+    shared: dict | None = None  # staged tensor -> its heap copy, or the caller's heap tensor read in place
     # after the first call on a GPU: the compiled entry and kernel relaunched directly, the copies
     # prepared; from the second, the whole call replayed from a CUDA graph
     issued: bool = False

@@ -10,20 +10,24 @@ process per rank) the families run one after another in dependency order, each i
 legal serialisation of the same schedule, since every edge points forward in that order."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from tiledsl.runtime import sync, timeline, validate
 # ScheduleTimeout is raised by check() below, and callers import it from here
 from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
-    Arg, FamilySpec, Kind, TensorSpec, kernel_options, linear, ordered_instances, pipeline_stages, pow2_at_least,
-    unlinear)
+    Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, kernel_options, linear, ordered_instances, pipeline_stages,
+    pow2_at_least, unlinear)
 from tiledsl.runtime.validate import LaunchError
 from tiledsl.topology import Topology
 
 # Tensor sets a program keeps prepared calls (and their CUDA graphs) for. Each keeps its caller tensors
 # alive: a loop that allocates new outputs every step should reuse them, or call `release()`.
 MAX_PREPARED_CALLS = 64
+# Peer-offset tables kept for a staged tensor's caller addresses (a few hundred bytes each)
+MAX_MOVED_TABLES = 256
 # Spin reads per second of waiting, roughly: they turn `wait_timeout_s` into a bound on spins.
 SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
 
@@ -76,6 +80,10 @@ class Program(Issuing):
                 "node")
         self._resources: dict = {}
         self._calls: dict = {}
+        # a prepared call per binding key (shapes, not addresses): a new set of tensors of those shapes
+        # is bound into it (_rebind) instead of being prepared again
+        self._templates: dict = {}
+        self._moved: dict = {}  # (heap copy's address, offset to the caller's tensor, shmem) -> peer offsets
         self._comm_stream = None
 
     # ---- where it runs ----------------------------------------------------------------------------
@@ -178,7 +186,20 @@ class Program(Issuing):
         delta, rest = divmod(shared.data_ptr() - tensor.data_ptr(), tensor.element_size())
         if rest:
             raise LaunchError(f"a tensor's address is not a multiple of its element size ({tensor.element_size()})")
-        return offsets(shared) + delta
+        if delta == 0:
+            return offsets(shared)
+        # The table depends on the two addresses only: kept, a call bound to a caller tensor at an address
+        # seen before launches no kernel to make it. Not one made during a capture: its contents exist
+        # only when the caller's graph replays.
+        key = (shared.data_ptr(), delta, shmem and self.emulated)
+        moved = self._moved.get(key)
+        if moved is None:
+            moved = offsets(shared) + delta
+            if self.emulated or not torch.cuda.is_current_stream_capturing():
+                if len(self._moved) >= MAX_MOVED_TABLES:
+                    self._moved.clear()
+                self._moved[key] = moved
+        return moved
 
     # ---- one call -------------------------------------------------------------------------------
     # torch.compile calls a program as it is (a graph break); tiledsl.ops offers custom ops that compile whole
@@ -201,13 +222,21 @@ class Program(Issuing):
             # see Issuing._begin): a call prepared for the other parity serves as well
             call = self._calls.get((1 - parity,) + key[1:])
         if call is None:
-            if capturing:
-                raise LaunchError(f"{self.module.__name__} is called inside a CUDA-graph capture with tensors it has "
-                                  "not seen: call it once with these tensors before capturing (preparing a call "
-                                  "copies its tables to the GPU, which a capture forbids)")
             if len(self._calls) >= MAX_PREPARED_CALLS:
                 self._calls.clear()
-            call = self._calls[key] = self._prepare(tensors, parity)
+            binding = self._binding_key(tensors, parity)
+            template = self._templates.get(binding)
+            if template is None and capturing and self._staging:
+                template = self._templates.get((1 - parity,) + binding[1:])
+            if template is not None:
+                call = self._calls[key] = self._rebind(template, tensors)
+            elif capturing:
+                raise LaunchError(f"{self.module.__name__} is called inside a CUDA-graph capture with tensors of "
+                                  "shapes it has not seen: call it once with tensors of these shapes, dtypes and "
+                                  "strides before capturing (preparing a call copies its tables to the GPU, which a "
+                                  "capture forbids)")
+            else:
+                call = self._calls[key] = self._templates[binding] = self._prepare(tensors, parity)
         self.epoch += 1
         if self.emulated:
             self._issue_serialised(call)
@@ -225,6 +254,56 @@ class Program(Issuing):
             self.check()
         outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _binding_key(self, tensors, parity: int) -> tuple:
+        """What a prepared call depends on besides the caller's addresses: shapes, strides and dtypes, the
+        exact address of a tensor on the heap (peers may read it in place), and whether every other
+        address is 16-byte aligned (the compiled kernel is specialised on what it first saw)."""
+        return (parity,) + tuple(
+            (n, tuple(t.shape), t.stride(), t.dtype, t.device,
+             t.data_ptr() if self.heap is not None and self.heap.owns(t) else t.data_ptr() % 16 == 0)
+            for n, t in tensors.items())
+
+    def _caller_args(self) -> list:
+        """The kernel arguments that follow a caller tensor's address (the tensor, its TMA descriptor, the
+        offsets from it to the peers' staged copies)."""
+        callers = {t.name for t in self.callers}
+        return [a for a in self.module.tds_ARGS if a.of in callers and a.kind in (
+            Kind.TENSOR, Kind.DESCRIPTOR, Kind.PEERS, Kind.SHMEM)]
+
+    def _rebind(self, template: "PreparedCall", tensors) -> "PreparedCall":
+        """A call with new caller tensors of a template's shapes: the template's sizes, tables, roles and
+        compiled kernels, with the new addresses bound. No host-to-device copy and no synchronisation,
+        so a functional op's fresh output costs no preparation, and it can be recorded into the caller's
+        CUDA graph."""
+        args = dict(template.kernel_args)
+        for arg in self._caller_args():
+            args[arg.name] = self._kernel_arg(arg, template.env, None, tensors, template.shared, template.barrier)
+        # a heap tensor read in place has the template's address (the binding key holds it): not staged
+        staged = [(copy, tensors[name]) for name, copy in template.shared.items()
+                  if copy.data_ptr() != tensors[name].data_ptr()]
+        kernel_replay = None if template.kernel_replay is None else template.kernel_replay.rebound(args)
+        copies = template.copies
+        if copies:  # copy-engine chunks read and write views of the caller's tensors: made again (host only)
+            res = self._resources_for(template.env)  # the template's, already there
+            views = {**tensors, **{spec.name: res[spec.name] for spec in self.module.tds_TENSORS
+                                   if not spec.staged and spec.name in res}}
+            copies = {name: self._copy_ops(spec, template.env, res, views, template.shared)
+                      for spec in self.module.tds_FAMILIES if (name := spec.name) in copies}
+        return dataclasses.replace(template, kernel_args=args, staged=staged, kernel_replay=kernel_replay,
+                                   copies=copies, issued=False, graph=None, copy_list=None)
+
+    def _scrub(self, call: "PreparedCall") -> None:
+        """Drop a template's references to its caller tensors (a rebinding puts new ones in): released, it
+        keeps no caller memory alive."""
+        names = [a.name for a in self._caller_args()]
+        call.kernel_args.update(dict.fromkeys(names, None))
+        call.staged = []
+        call.copies = dict.fromkeys(call.copies, [])  # which families copy stays known; their views go
+        call.copy_list = None
+        if call.kernel_replay is not None:
+            call.kernel_replay = call.kernel_replay.rebound(dict.fromkeys(names, None))
+        call.graph = None
 
     def _prepare(self, tensors, parity: int) -> "PreparedCall":
         env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
@@ -265,7 +344,7 @@ class Program(Issuing):
         args = self._kernel_args(env, res, views, shared, barrier)
         counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
         return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold,
-                            counts, exit=bool(in_place))
+                            counts, exit=bool(in_place), shared=shared)
 
     def _folds_entry(self, copies, staged, grid) -> bool:
         """Whether the persistent kernel can be the call's entry itself (one launch fewer): only when no
@@ -282,47 +361,49 @@ class Program(Issuing):
 
     def _kernel_args(self, env, res, views, shared, barrier) -> dict:
         """Every argument of the kernel but its roles, by name, from the module's one list of them."""
-        a = {}
-        for arg in self.module.tds_ARGS:
-            kind = arg.kind
-            if kind is Kind.TENSOR:
-                a[arg.name] = views[arg.of]
-            elif kind is Kind.PEERS:
-                a[arg.name] = self._peer_offsets(views[arg.of], shared.get(arg.of))
-            elif kind is Kind.SIGNALS:
-                a[arg.name] = res[f"sig_{arg.of}"]
-            elif kind is Kind.SIGNAL_PEERS:
-                a[arg.name] = self._peer_offsets(res[f"sig_{arg.of}"])
-            elif kind is Kind.SHMEM:
-                a[arg.name] = self._peer_offsets(views[arg.of], shared.get(arg.of), shmem=True)
-            elif kind is Kind.SIGNAL_SHMEM:
-                a[arg.name] = self._peer_offsets(res[f"sig_{arg.of}"], shmem=True)
-            elif kind is Kind.BARRIER_SHMEM:
-                a[arg.name] = barrier[2]
-            elif kind is Kind.ORDER:
-                a[arg.name] = res[f"order_table_{arg.of}"]
-            elif kind is Kind.COUNT:
-                a[arg.name] = res[f"count_{arg.of}"]
-            elif kind is Kind.DESCRIPTOR:
-                from triton.tools.tensor_descriptor import TensorDescriptor
-                a[arg.name] = TensorDescriptor.from_tensor(views[arg.of], list(arg.block))
-            elif kind in (Kind.SIZE, Kind.CONST):
-                a[arg.name] = env[arg.name]
-            elif kind is Kind.BLOCK:
-                a[arg.name] = res["blocks"][arg.name]
-            elif kind is Kind.EPOCH_CELL:
-                a[arg.name] = self._epoch_cell
-            elif kind is Kind.DIAG:
-                a[arg.name] = res["diag"]
-            elif kind is Kind.MAX_SPINS:
-                a[arg.name] = self.max_spins
-            elif kind is Kind.BARRIER:
-                a[arg.name] = barrier[0]
-            elif kind is Kind.BARRIER_PEERS:
-                a[arg.name] = barrier[1]
-            elif kind is Kind.TRACE:
-                a[arg.name] = res[f"trace_{arg.of or 'entry'}"]
-        return a
+        return {arg.name: self._kernel_arg(arg, env, res, views, shared, barrier) for arg in self.module.tds_ARGS
+                if arg.kind is not Kind.ROLE}
+
+    def _kernel_arg(self, arg, env, res, views, shared, barrier):
+        kind = arg.kind
+        if kind is Kind.TENSOR:
+            return views[arg.of]
+        if kind is Kind.PEERS:
+            return self._peer_offsets(views[arg.of], shared.get(arg.of))
+        if kind is Kind.SIGNALS:
+            return res[f"sig_{arg.of}"]
+        if kind is Kind.SIGNAL_PEERS:
+            return self._peer_offsets(res[f"sig_{arg.of}"])
+        if kind is Kind.SHMEM:
+            return self._peer_offsets(views[arg.of], shared.get(arg.of), shmem=True)
+        if kind is Kind.SIGNAL_SHMEM:
+            return self._peer_offsets(res[f"sig_{arg.of}"], shmem=True)
+        if kind is Kind.BARRIER_SHMEM:
+            return barrier[2]
+        if kind is Kind.ORDER:
+            return res[f"order_table_{arg.of}"]
+        if kind is Kind.COUNT:
+            return res[f"count_{arg.of}"]
+        if kind is Kind.DESCRIPTOR:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            return TensorDescriptor.from_tensor(views[arg.of], list(arg.block))
+        if kind in (Kind.SIZE, Kind.CONST):
+            return env[arg.name]
+        if kind is Kind.BLOCK:
+            return res["blocks"][arg.name]
+        if kind is Kind.EPOCH_CELL:
+            return self._epoch_cell
+        if kind is Kind.DIAG:
+            return res["diag"]
+        if kind is Kind.MAX_SPINS:
+            return self.max_spins
+        if kind is Kind.BARRIER:
+            return barrier[0]
+        if kind is Kind.BARRIER_PEERS:
+            return barrier[1]
+        if kind is Kind.TRACE:
+            return res[f"trace_{arg.of or 'entry'}"]
+        raise LaunchError(f"no value for kernel argument {arg.name} of kind {kind}")
 
     def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
         """RUN/START/PROGRAMS for every kernel family, and the grid size."""
@@ -348,7 +429,10 @@ class Program(Issuing):
         return roles, start + (rest if shared else 0)
 
     def _options(self, env) -> dict:
-        options = kernel_options(self.module)
+        try:  # emulated there is no shared memory (and bf16 runs as fp32 there, on the blocks chosen for bf16)
+            options = kernel_options(self.module, 2 if self.emulated else self._operand_bytes())
+        except SharedMemoryError as error:
+            raise LaunchError(str(error)) from None
         if self.num_warps is not None:
             options["num_warps"] = self.num_warps
         if self.module.tds_USES_NVSHMEM and not self.emulated:
@@ -356,6 +440,12 @@ class Program(Issuing):
             nvshmem_device.init_module_hook()
             options["extern_libs"] = nvshmem_device.extern_libs()
         return options
+
+    def _operand_bytes(self) -> int:
+        """Bytes of an element of the products' operands as this program runs them (declared, or overridden)."""
+        sizes = [self.dtype_override.get(a.dtype, getattr(torch, a.dtype)).itemsize
+                 for a in self.module.tds_ARGS if a.kind is Kind.DESCRIPTOR]
+        return max(sizes, default=2)
 
     def _copy_ops(self, spec, env, res, views, shared) -> list:
         """(target, source, signals, waits) for each instance in order. Signals are (tensor, slot) pairs
@@ -410,11 +500,16 @@ class Program(Issuing):
         this program was called with: all of them, or only those that hold one of `tensors` (the next
         call with any of them prepares it again)."""
         if not tensors:
+            dropped = list(self._calls.values())
             self._calls.clear()
-            return
-        pointers = {t.data_ptr() for t in tensors}
-        for key in [k for k in self._calls if any(entry[1] in pointers for entry in k[1:])]:
-            del self._calls[key]
+        else:
+            pointers = {t.data_ptr() for t in tensors}
+            dropped = [self._calls.pop(k) for k in [k for k in self._calls
+                                                    if any(entry[1] in pointers for entry in k[1:])]]
+        templates = {id(t) for t in self._templates.values()}
+        for call in dropped:
+            if id(call) in templates:
+                self._scrub(call)
 
     def reset(self) -> None:
         """Collective, on every rank: after a call failed (a ScheduleTimeout, an exception between its
@@ -432,6 +527,7 @@ class Program(Issuing):
             self._epoch_cell.zero_()
         self.epoch = 0
         self._calls.clear()
+        self._templates.clear()
         if self.heap is not None:
             self.heap.barrier()  # no rank starts a call before every rank's slots are zero
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 SHARED_MEMORY_BYTES = 220 * 1024  # per SM on Hopper, less what Triton keeps for itself
+SHARED_MEMORY_LIMIT = 227 * 1024  # what one block may take on Hopper: the driver refuses a launch above it
 
 
 class Kind(str, enum.Enum):
@@ -99,9 +100,11 @@ def unlinear(number: int, extents: tuple) -> tuple:
     return tuple(reversed(out))
 
 
-def kernel_options(module) -> dict:
+def kernel_options(module, element_size: int = 2) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
-    memory holds next to the staging of its TMA-stored block."""
+    memory holds next to the staging of its TMA-stored block, for operands of `element_size` bytes (2:
+    the bf16 a program declares; 4 when it runs in fp32). Blocks that leave room for fewer than two
+    stages are refused here, by name, rather than by the driver at the first launch."""
     descriptors = {a.name: a for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR}
     products = [f.name for f in module.tds_FAMILIES if f.matmul]
     if not products:
@@ -109,16 +112,35 @@ def kernel_options(module) -> dict:
     stages = []
     for f in products:
         (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block, descriptors[f"tds_desc_{f}_b"].block[1]
-        stages.append(pipeline_stages(block_m, block_n, block_k, f"tds_desc_{f}_c" in descriptors))
-    stages = min(stages)
-    return {"num_warps": 8, "num_stages": max(2, stages)}
+        tma_store = f"tds_desc_{f}_c" in descriptors
+        least = shared_memory_bytes(block_m, block_n, block_k, tma_store, element_size, 2)
+        if least > SHARED_MEMORY_LIMIT:
+            raise SharedMemoryError(
+                f"{f}: blocks [{block_m}, {block_k}] x [{block_k}, {block_n}] of {element_size}-byte elements need "
+                f"{least} bytes of shared memory for two pipeline stages{' and the staging of a TMA store' * tma_store},"
+                f" more than the {SHARED_MEMORY_LIMIT} an H100/H200 SM offers: compile with a smaller BK or BN "
+                "(tiledsl.ops picks them for fp32)")
+        stages.append(max(2, pipeline_stages(block_m, block_n, block_k, tma_store, element_size)))
+    return {"num_warps": 8, "num_stages": min(stages)}
 
 
-def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool) -> int:
-    """Pipeline stages of bf16 [BM, BK] and [BK, BN] blocks that fit in shared memory (at most 4) next
-    to the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only where 2 fit."""
-    stage_bytes = (block_m * block_k + block_k * block_n) * 2
-    staging = block_m * block_n * 2 if tma_store else 0
+class SharedMemoryError(ValueError):
+    """A product's blocks do not fit in shared memory at the element size it runs with."""
+
+
+def shared_memory_bytes(block_m: int, block_n: int, block_k: int, tma_store: bool, element_size: int,
+                        stages: int) -> int:
+    """Shared memory of `stages` pipeline stages of [BM, BK] and [BK, BN] blocks, and the [BM, BN]
+    staging of a TMA-stored block."""
+    return stages * (block_m * block_k + block_k * block_n) * element_size + \
+        (block_m * block_n * element_size if tma_store else 0)
+
+
+def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool, element_size: int = 2) -> int:
+    """Pipeline stages of [BM, BK] and [BK, BN] blocks that fit in shared memory (at most 4) next to
+    the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only where 2 fit in bf16."""
+    stage_bytes = shared_memory_bytes(block_m, block_n, block_k, False, element_size, 1)
+    staging = shared_memory_bytes(block_m, block_n, block_k, tma_store, element_size, 0)
     return min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes)
 
 
