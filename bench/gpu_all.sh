@@ -3,7 +3,8 @@
 #   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace
 #                                        ops (tiledsl.ops checks, teardown) block (ops vs torch, tp_block)
 #                                        attention (SP prefill and decode: checks, then benchmarks, at
-#                                        ATTENTION_WORLDS, default 2) nodes
+#                                        ATTENTION_WORLDS, default 2) moe (MoE checks and benchmark, world 2)
+#                                        nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
 #                                        the two-level programs on GPUs posing as TILEDSL_NODES=2 nodes)
@@ -78,6 +79,9 @@ for stage in $stages; do
       run ops_world2 300 torchrun --nproc-per-node=2 bench/bench_ops.py
       run tp_block_8b_world2 300 torchrun --nproc-per-node=2 examples/tp_block.py --size llama3-8b
       run tp_block_70b_world2 300 torchrun --nproc-per-node=2 examples/tp_block.py --size llama3-70b ;;
+    moe)  # the MoE programs at world 2: checks against torch, then the benchmark against torch's paths
+      run moe_checks_world2 300 torchrun --nproc-per-node=2 tests/gpu/moe_checks.py
+      run moe_world2 300 torchrun --nproc-per-node=2 bench/bench_moe.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do

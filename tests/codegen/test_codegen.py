@@ -53,7 +53,7 @@ def test_every_family_is_preceded_by_its_tds_line(path):
             above -= 1
         assert lines[above].startswith(site), lines[above:at + 1]
         # and that line of the .tds file declares this family
-        declared = done.source.splitlines()[family.span.line - 1].split("[")[0].split()
+        declared = re.split(r"[\[:]", done.source.splitlines()[family.span.line - 1])[0].split()
         assert declared == [family.kind.value, name]
 
 

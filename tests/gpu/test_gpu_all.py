@@ -85,6 +85,14 @@ def test_an_unknown_stage_fails(tmp_path):
     assert code == 1 and "unknown stage nonsense" in out
 
 
+def test_the_moe_stage_runs_its_checks_then_its_benchmark(tmp_path):
+    outputs = {"moe_checks": "PASS moe_dispatch T=128\n1 run, 0 failed\n", "bench_moe": "3 outputs checked\n"}
+    code, out = gpu_all(tmp_path, ["moe"], outputs)
+    assert code == 0, out
+    assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
+        ["moe_checks_world2", "0", "1", "0"], ["moe_world2", "0", "0", "0"]]
+
+
 def test_the_nodes_stage_runs_the_checks_and_the_benchmark_on_gpus_posing_as_two_nodes(tmp_path):
     stub = ('PASS hier_allgather\nPASS topology 2 nodes x 1 ranks: no pointer to another node\n2 run, 0 failed\n')
     code, out = gpu_all(tmp_path, ["nodes"], {"nodes_checks": stub, "bench_nodes": "3 outputs checked against "

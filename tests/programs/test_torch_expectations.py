@@ -230,8 +230,13 @@ def assert_matches(got: np.ndarray, want: torch.Tensor, what: str) -> None:
     assert error <= TOLERANCE, f"{what}: max error {error:.2e} of scale {scale:.3g}"
 
 
+# programs whose inputs are routings: test_moe_emulated.py runs them against moe_expectations.py, on
+# routings that stress the data dependence, at worlds 2-4
+ROUTED = {"moe_dispatch", "moe_combine", "ag_group_gemm", "moe_gemm_rs", "group_gemm"}
+
+
 def test_every_program_has_an_expectation_and_runs_at_worlds_2_3_and_4():
-    names = {p.stem for p in PROGRAMS.glob("*.tds")}
+    names = {p.stem for p in PROGRAMS.glob("*.tds")} - ROUTED
     attention = {name for name, _ in ATTENTION_RUNS}
     assert not attention & set(CASES)
     assert names == set(EXPECTATIONS) == set(CASES) | attention == set(INPUTS) | attention

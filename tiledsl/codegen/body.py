@@ -43,7 +43,9 @@ class Dim:
 
 @dataclass(frozen=True)
 class Place:
-    """A block of a tensor, on this rank's copy or, through its peer offsets, on `owner`'s."""
+    """A block of a tensor, on this rank's copy or, through its peer offsets, on `owner`'s. A gathered
+    place's owner and point starts are expressions of fetched device values, one per row of the block's
+    gathered axis; `valid` are the conditions (over those values) under which a row is there at all."""
     tensor: str
     owner: sympy.Expr | None
     dims: tuple[Dim, ...]
@@ -51,6 +53,7 @@ class Place:
     # the aranges its axes run along (Arange names): a block tile's values have shapes of their own,
     # so each place names its own; None: the tile's one block (render.AXES)
     names: tuple[str, ...] | None = None
+    valid: tuple[sympy.Expr, ...] = ()
 
 
 # ---- statements ------------------------------------------------------------------------------------
@@ -178,6 +181,10 @@ class Product:
     block_m: int
     block_n: int
     block_k: int | str
+    # points of the leading dimensions of N-D operands (expert e of B[E, K, N]): the descriptors' blocks
+    # are 1 there, so TMA zero-fills past the operand's own rows and columns, never the next expert's
+    left_at: tuple[sympy.Expr, ...] = ()
+    right_at: tuple[sympy.Expr, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,6 +202,8 @@ class TmaStore:
     row: sympy.Expr
     col: sympy.Expr
     value: str
+    at: tuple[sympy.Expr, ...] = ()  # points of the leading dimensions of an N-D target
+    block: tuple[int, int] = ()      # the stored block's rows and columns (an N-D target's store reshapes)
 
 
 @dataclass(frozen=True)
@@ -280,8 +289,60 @@ class Get:
     split: int
 
 
+@dataclass(frozen=True)
+class Fetch:
+    """Device values into `name`: the integers at `place` (one per row of the block where the place has
+    an axis, `exists` naming the rows whose element is inside its tensor; one value otherwise). A count
+    of a capped tensor above its cap is reported at guard `site` and read as the cap."""
+    name: sympy.Symbol
+    place: Place
+    exists: sympy.Symbol | None = None
+    cap: sympy.Expr | None = None
+    site: int | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """Where `bad` holds (within `within`'s mask, if given), guard `site` records its first case: the flat
+    offset of `element` in its tensor, the `value` found and the `bound` it broke. The call goes on;
+    the launcher raises afterwards (runtime/guards.py)."""
+    site: int
+    bad: sympy.Expr
+    element: Place
+    value: sympy.Expr
+    bound: sympy.Expr
+    within: Place | None = None
+
+
+@dataclass(frozen=True)
+class Scan:
+    """histogram() and arrival() of a region of ids (`count` elements, `cols` to a row where it has two
+    axes) into `bins` groups, `step` elements at a time, `groups` of them a pass (a launch-time power of
+    two: one pass where the bins are few). Ids outside 0..bins-1 are reported at `site` and counted
+    nowhere; counts above the histogram's cap at `cap_site`."""
+    source: Place
+    count: sympy.Expr
+    cols: sympy.Expr | None
+    bins: sympy.Expr
+    groups: str
+    step: int
+    arrival: Place | None
+    histogram: Place | None
+    site: int
+    cap: sympy.Expr | None = None
+    cap_site: int | None = None
+
+
+@dataclass(frozen=True)
+class If:
+    """The statements run only where `condition` holds (a tile whose rows all lie past the valid ones
+    does nothing)."""
+    condition: sympy.Expr
+    body: tuple["Statement", ...]
+
+
 Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
-                  Copy, Put, Get, Arange, Assign, Full, Trans, Dot, Mask]
+                  Copy, Put, Get, Fetch, Report, Scan, If, Arange, Assign, Full, Trans, Dot, Mask]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------
@@ -296,23 +357,38 @@ class TileBody:
 
 
 def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],
-              kernel: Callable[[sympy.Expr], sympy.Expr], step_waits: tuple = ()) -> TileBody:
-    """The statements of one tile instance; `kernel` rewrites an expression for the kernel (let names).
-    A tile written as a block (names, a loop, blocks of several shapes) has a lowering of its own, which
-    puts `step_waits` at the top of each step of its loop."""
+              kernel: Callable[[sympy.Expr], sympy.Expr], step_waits: tuple = (), sites=None) -> TileBody:
+    """The statements of one tile instance; `kernel` rewrites an expression for the kernel (let names);
+    `sites` collects the program's guard sites (codegen/device.py). A tile written as a block (names, a
+    loop, blocks of several shapes) has a lowering of its own, which puts `step_waits` at the top of each
+    step of its loop; it reads no device values yet."""
     from tiledsl.codegen.blocks import exotic, lower_block
     if family.body or any(exotic(s.value) for s in family.stores):
+        if _device_valued(family):
+            raise LoweringError(f"tile '{family.name}': a tile written as a block (names, a loop, where, row "
+                                "reductions) does not read tensor elements as sizes or indices yet, nor route")
         return lower_block(schedule, family, consts, kernel, step_waits)
-    return _Tile(schedule, family, consts, kernel).lower()
+    return _Tile(schedule, family, consts, kernel, sites).lower()
+
+
+def _device_valued(family: ir.Family) -> bool:
+    """Whether a family reads device values in its regions or stores a routing (codegen/device.py)."""
+    regions = family.reads + family.writes
+    return any(r.rows is not None or ir.device_values(r.owner) or any(ir.device_values(e) for d in r.dims
+                                                                       for e in (d.start, d.size))
+               for r in regions) or any(isinstance(s.value, ir.Route) for s in family.stores)
 
 
 class _Tile:
-    def __init__(self, schedule, family, consts, kernel):
+    def __init__(self, schedule, family, consts, kernel, sites=None):
+        from tiledsl.codegen.device import DeviceValues, Sites
         self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
         self.names: set[str] = set()
         self.blocks: list[tuple[str, sympy.Expr]] = []
         self.axes: list[tuple[sympy.Expr, int | str]] = []
         self.product: Product | None = None
+        self.sites = sites if sites is not None else Sites(schedule)
+        self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
 
     def fresh(self, hint: str) -> str:
         base = f"tds_{hint}"
@@ -325,6 +401,9 @@ class _Tile:
 
     def lower(self) -> TileBody:
         stores = self.family.stores
+        if any(isinstance(s.value, ir.Route) for s in stores):
+            from tiledsl.codegen.device import route_body
+            return route_body(self)
         if len({tuple(s.shape) for s in stores}) != 1:
             raise LoweringError(f"tile '{self.family.name}': every store of a tile must have the same shape")
         shape = stores[0].shape
@@ -338,12 +417,18 @@ class _Tile:
                 out.append(Barrier())  # the next store may read what this one just stored
             value = self.value(store.value, out)
             if self.product is not None and self.tma_store(store.target):
-                dims = store.target.dims
-                out.append(TmaStore(self.family.name, store.target.tensor, self.k(dims[0].start),
-                                    self.k(dims[1].start), value))
+                *points, rows, cols = store.target.dims
+                out.append(TmaStore(self.family.name, store.target.tensor, self.k(rows.start),
+                                    self.k(cols.start), value, tuple(self.k(d.start) for d in points),
+                                    (self.product.block_m, self.product.block_n)))
                 tma_target = store.target.tensor
                 continue
-            out.append(Store(self.place(store.target), value))
+            place = self.place(store.target, out)
+            cap = self.schedule.tensors[store.target.tensor].cap
+            if cap is not None:  # counts stored above their cap are reported (and stored as they are)
+                from tiledsl.codegen.device import capacity_report
+                out.append(capacity_report(self, place, value, cap))
+            out.append(Store(place, value))
         return TileBody(tuple(out), self.product, tma_target, tuple(self.blocks))
 
     def axis(self, size: sympy.Expr, n: int) -> tuple[sympy.Expr, int | str]:
@@ -357,40 +442,56 @@ class _Tile:
     def tma_store(self, target: ir.Region) -> bool:
         """A product's block goes out through a TMA descriptor when it is a local 2-D block of the whole
         tile and shared memory holds both the pipeline (2 stages at least) and the staging of the block."""
-        tensor = self.schedule.tensors[target.tensor]
-        if target.owner is not None or len(tensor.shape) != 2 or not all(d.kept for d in target.dims) \
-                or len(self.family.stores) != 1:
+        if target.owner is not None or target.rows is not None or len(self.family.stores) != 1 \
+                or not _points_then_block(target) or self.schedule.tensors[target.tensor].cap is not None:
             return False
         block_k = self.consts.get("BK", 64)
         return pipeline_stages(self.product.block_m, self.product.block_n, block_k, tma_store=True) >= 2
 
-    def place(self, region: ir.Region) -> Place:
-        """A region whose kept dimensions sit on the trailing axes of the tile's block."""
+    def place(self, region: ir.Region, out: list | None = None) -> Place:
+        """A region whose kept dimensions sit on the trailing axes of the tile's block (a dimension of
+        size 1 against a longer axis broadcasts along it). A gathered region's rows take the axis before
+        them; its point indices and owner are read from device values fetched into `out`."""
         tensor = self.schedule.tensors[region.tensor]
         kept = [d for d in region.dims if d.kept]
-        first = len(self.axes) - len(kept)
+        gathered = region.rows is not None
+        first = len(self.axes) - len(kept) - gathered
         if first < 0:
             raise LoweringError(f"'{region.tensor}' has more dimensions than the tile's block")
-        dims, axis = [], first
+        rows = (len(self.axes), first, self.axes[first][1], region.rows) if gathered else (len(self.axes),)
+        valid: list = []
+        dims, axis = [], first + gathered
         for n, dim in enumerate(region.dims):
+            if any(ir.device_values(e) for e in (dim.start, dim.size) if dim.kept):
+                raise LoweringError(f"tile '{self.family.name}': a block's rows and columns are fixed; a tensor "
+                                    "element may give a point index or a rank (clip rows with `upto`)")
             stride = self.k(sympy.Mul(*tensor.shape[n + 1:]))
-            if not dim.kept:
-                dims.append(Dim(self.k(dim.start), stride, self.k(tensor.shape[n])))
+            start = dim.start
+            if not dim.kept and ir.device_values(start):
+                start, conditions = self.values.index(start, tensor.shape[n], region.tensor, out, *rows)
+                valid += conditions
+            if not dim.kept or (dim.size == 1 and self.axes[axis][1] != 1):
+                dims.append(Dim(self.k(start), stride, self.k(tensor.shape[n])))
+                axis += dim.kept
                 continue
             block = self.axes[axis][1]
             clip = None if _covers(block, dim.size, self.consts) else self.k(dim.size)
-            dims.append(Dim(self.k(dim.start), stride, self.k(tensor.shape[n]), axis, block, clip))
+            dims.append(Dim(self.k(start), stride, self.k(tensor.shape[n]), axis, block, clip))
             axis += 1
         owner = None if region.owner is None else self.k(region.owner)
-        return Place(region.tensor, owner, tuple(dims), len(self.axes))
+        if owner is not None and ir.device_values(owner):
+            owner, conditions = self.values.index(region.owner, ir.WORLD, f"{region.tensor}@rank", out, *rows)
+            valid += conditions
+        return Place(region.tensor, owner, tuple(dims), len(self.axes), valid=tuple(valid))
 
     def value(self, value: ir.Value, out: list) -> Operand:
         if isinstance(value, ir.Scalar):
             number = value.value
             return Scalar(float(number) if isinstance(number, (int, float)) else self.k(number))
         if isinstance(value, ir.Load):
+            place = self.place(value.region, out)
             name = self.fresh(value.region.tensor)
-            out.append(Load(name, self.place(value.region)))
+            out.append(Load(name, place))
             return name
         if isinstance(value, ir.MatMul):
             return self.matmul(value, out)
@@ -422,11 +523,10 @@ class _Tile:
             raise LoweringError("a tile may hold one matrix product")
         left, right = product.left.region, product.right.region
         for region in (left, right):
-            tensor = self.schedule.tensors[region.tensor]
-            if region.owner is not None or len(tensor.shape) != 2:
+            if region.owner is not None or region.rows is not None or not _points_then_block(region):
                 raise LoweringError(f"'@' reads '{region.tensor}' through a TMA descriptor: it must be a local "
-                                    "2-D tensor")
-        for dim, region, n in ((left.dims[1], left, 1), (right.dims[0], right, 0)):
+                                    "tensor, a block of its last two dimensions at points of the others")
+        for dim, region, n in ((left.dims[-1], left, -1), (right.dims[-2], right, -2)):
             extent = self.schedule.tensors[region.tensor].shape[n]
             if dim.start != 0 or dim.size != extent:
                 raise LoweringError(f"'@' must contract over the whole of '{region.tensor}' (sub-ranges of K are "
@@ -436,11 +536,20 @@ class _Tile:
             raise LoweringError(f"tile '{self.family.name}': a product's block must be a const size (TMA)")
         block_k = "BK" if "BK" in self.consts else 64
         name = self.fresh("acc")
-        self.product = Product(name, self.family.name, left.tensor, right.tensor, self.k(left.dims[0].start),
-                               self.k(right.dims[1].start),
-                               self.k(left.dims[1].size), block_m, block_n, block_k)
+        self.product = Product(name, self.family.name, left.tensor, right.tensor, self.k(left.dims[-2].start),
+                               self.k(right.dims[-1].start), self.k(left.dims[-1].size), block_m, block_n, block_k,
+                               tuple(self.k(d.start) for d in left.dims[:-2]),
+                               tuple(self.k(d.start) for d in right.dims[:-2]))
         out.append(self.product)
         return name
+
+
+def _points_then_block(region: ir.Region) -> bool:
+    """Points in every dimension but the last two, ranges there, and no device value anywhere: a region
+    a TMA descriptor reaches."""
+    *points, rows, cols = region.dims if len(region.dims) >= 2 else (None, None)
+    return rows is not None and rows.kept and cols.kept and not any(d.kept for d in points) and \
+        not any(ir.device_values(e) for d in region.dims for e in (d.start, d.size))
 
 
 def _covers(block: int | str, size: sympy.Expr, consts: dict[str, int]) -> bool:
@@ -451,26 +560,42 @@ def _covers(block: int | str, size: sympy.Expr, consts: dict[str, int]) -> bool:
 
 # ---- chunks on SMs ---------------------------------------------------------------------------------
 
-def chunk_body(schedule: ir.Schedule, family: ir.Family, kernel: Callable[[sympy.Expr], sympy.Expr]) -> Statement:
-    """The copy (or put) of one chunk instance's part."""
+def chunk_body(schedule: ir.Schedule, family: ir.Family, kernel: Callable[[sympy.Expr], sympy.Expr],
+               sites=None) -> tuple[Statement, ...]:
+    """The copy (or put or get) of one chunk instance's part, after fetching the counts its sizes read."""
+    from tiledsl.codegen.device import DeviceValues, Sites
     source, target = family.reads[0], family.writes[0]
     kept = [d for d in source.dims if d.kept]
     if not 1 <= len(kept) <= 2:
         raise LoweringError(f"chunk '{family.name}': regions of {len(kept)} kept dimensions are not supported")
-    rows = kernel(kept[0].size)
-    cols = kernel(kept[1].size) if len(kept) == 2 else None
-    if family.engine.kind is ir.EngineKind.NVSHMEM and not family.puts:
-        return Get(family.name, source.tensor, kernel(_row_start(schedule, family, source)), kernel(source.owner),
-                   target.tensor, kernel(_row_start(schedule, family, target)),
-                   kernel(_rows_put(schedule, family, source, target)),
-                   cols if cols is not None else sympy.Integer(1), family.split)
+    if any(ir.device_values(e) for r in (source, target) for e in (r.owner, *(d.start for d in r.dims))):
+        raise LoweringError(f"chunk '{family.name}': only a chunk's sizes may read tensor elements")
+    fetches: list[Statement] = []
+    names: list[str] = []
+    values = DeviceValues(schedule, kernel, sites if sites is not None else Sites(schedule),
+                          lambda hint: names.append(f"tds_{hint}") or names[-1] + ("" if names.count(names[-1]) == 1
+                                                                                   else str(names.count(names[-1]))),
+                          {})
+    rows = values.read(kernel(kept[0].size), fetches)
+    cols = values.read(kernel(kept[1].size), fetches) if len(kept) == 2 else None
+    return (*fetches, _chunk_statement(schedule, family, kernel, source, target, rows, cols))
+
+
+def _chunk_statement(schedule, family, kernel, source, target, rows, cols) -> Statement:
     if family.engine.kind is ir.EngineKind.NVSHMEM:
+        # a put or get moves whole rows of a size known at launch (`_rows_put` reads the region's sizes)
+        if any(ir.device_values(d.size) for r in (source, target) for d in r.dims):
+            raise LoweringError(f"chunk '{family.name}': an nvshmem put or get moves a fixed size")
+        moved = kernel(_rows_put(schedule, family, source, target))
+        width = cols if cols is not None else sympy.Integer(1)
+        if not family.puts:
+            return Get(family.name, source.tensor, kernel(_row_start(schedule, family, source)),
+                       kernel(source.owner), target.tensor, kernel(_row_start(schedule, family, target)), moved,
+                       width, family.split)
         owner = None if source.owner is None else kernel(source.owner)
         return Put(family.name, source.tensor, owner, kernel(_row_start(schedule, family, source)), target.tensor,
-                   kernel(_row_start(schedule, family, target)), kernel(target.owner),
-                   kernel(_rows_put(schedule, family, source, target)),
-                   cols if cols is not None else sympy.Integer(1), family.split)
-    block = BLOCK_2D if len(kept) == 2 else (BLOCK_1D,)
+                   kernel(_row_start(schedule, family, target)), kernel(target.owner), moved, width, family.split)
+    block = BLOCK_2D if cols is not None else (BLOCK_1D,)
     return Copy(_copy_place(schedule, source, kernel), _copy_place(schedule, target, kernel), rows, cols, block,
                 family.split, family.reduce == "add")
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import (Arange, Copy, Dot, Full, Get, Load, Loop, Place, Product, Put, Record, Store,
-                                  TmaStore, Zeros)
+from tiledsl.codegen.body import (Arange, Copy, Dot, Fetch, Full, Get, If, Load, Loop, Place, Product, Put, Record,
+                                  Report, Scan, Store, TmaStore, Zeros)
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -52,11 +52,15 @@ def interface_of(plan) -> KernelInterface:
         if f.product is not None:
             p = f.product
             block_k = plan.consts[p.block_k] if isinstance(p.block_k, str) else p.block_k
-            args.append(Arg(f"tds_desc_{f.name}_a", Kind.DESCRIPTOR, p.left, dtypes[p.left], (p.block_m, block_k)))
-            args.append(Arg(f"tds_desc_{f.name}_b", Kind.DESCRIPTOR, p.right, dtypes[p.right], (block_k, p.block_n)))
+            # an N-D operand's block is 1 in its leading dimensions (the points the product reads)
+            args.append(Arg(f"tds_desc_{f.name}_a", Kind.DESCRIPTOR, p.left, dtypes[p.left],
+                            (1,) * len(p.left_at) + (p.block_m, block_k)))
+            args.append(Arg(f"tds_desc_{f.name}_b", Kind.DESCRIPTOR, p.right, dtypes[p.right],
+                            (1,) * len(p.right_at) + (block_k, p.block_n)))
             if f.tma_target is not None:
+                store = next(s for s in walk(f.body) if isinstance(s, TmaStore))
                 args.append(Arg(f"tds_desc_{f.name}_c", Kind.DESCRIPTOR, f.tma_target, dtypes[f.tma_target],
-                                (p.block_m, p.block_n)))
+                                (1,) * len(store.at) + (p.block_m, p.block_n)))
     args += [Arg(p, Kind.SIZE) for p in plan.params] + [Arg("rank", Kind.SIZE), Arg("world", Kind.SIZE)]
     if plan.spans_nodes:
         args += [Arg("nodes", Kind.SIZE), Arg("local_world", Kind.SIZE)]
@@ -94,19 +98,22 @@ def signal_dtype(family) -> str:
 def walk(statements):
     for s in statements:
         yield s
-        if isinstance(s, Loop):
+        if isinstance(s, (Loop, If)):
             yield from walk(s.body)
 
 
-def _local_symbols(family) -> set[sympy.Symbol]:
-    """Symbols a family binds itself: its indices, instance and part, its loops' variables."""
+def _local_symbols(family) -> set[str]:
+    """Names a family binds itself: its indices, instance and part, its loops' variables, the device
+    values it fetches and the blocks it computes."""
     from tiledsl.codegen.plan import INSTANCE, PART
     bound = {s for s, _ in family.indices} | {INSTANCE, PART}
     bound |= {var for w in family.waits for var, _ in w.loops}
     bound |= {s.var for s in walk(family.body) if isinstance(s, Loop)}
+    bound |= {e for s in walk(family.body) if isinstance(s, Fetch) for e in (s.name, s.exists) if e is not None}
     if family.notify is not None and family.notify.remote is not None:
         bound.add(family.notify.remote[0])
-    return bound
+    names = {s.name for s in bound}
+    return names | {s.name for s in walk(family.body) if isinstance(getattr(s, "name", None), str)}
 
 
 def _exprs(value):
@@ -123,11 +130,10 @@ def _exprs(value):
 
 def symbols_of(family) -> set[sympy.Symbol]:
     """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
-    from tiledsl.codegen.body import Assign
     parts = (family.indices, family.body, family.notify, family.count_row)
     found = set().union(*(e.free_symbols for e in _exprs(parts)))
-    named = {s.name for s in walk(family.body) if isinstance(s, Assign)}  # a tile's own size names
-    return {s for s in found - _local_symbols(family) if s.name not in named}
+    local = _local_symbols(family)  # its own names, a tile's size names (Assign) among them
+    return {s for s in found if s.name not in local}
 
 
 def _needs(family, plan) -> set[str]:
@@ -160,6 +166,18 @@ def _needs(family, plan) -> set[str]:
             names.update({f"tds_desc_{family.name}_c", s.tensor})
         elif isinstance(s, (Zeros, Full)):
             names.update(b for b in s.blocks if isinstance(b, str))
+        elif isinstance(s, Fetch):
+            place(s.place)
+            if s.cap is not None:
+                names.update({"tds_diag", "rank"})
+        elif isinstance(s, Report):
+            place(s.element)
+            names.update({"tds_diag", "rank"})
+        elif isinstance(s, Scan):
+            for p in (s.source, s.arrival, s.histogram):
+                if p is not None:
+                    place(p)
+            names.update({s.groups, "tds_diag", "rank"})
         elif isinstance(s, Arange) and isinstance(s.block, str):
             names.add(s.block)
         elif isinstance(s, Dot):

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import sympy
 
 import tiledsl
-from tiledsl.codegen.body import Fence, LoweringError, Product, Put, Record, Statement, Wait, chunk_body, tile_body
+from tiledsl.codegen.body import (Fence, If, LoweringError, Product, Put, Record, Statement, Wait, chunk_body,
+                                  tile_body)
+from tiledsl.codegen.device import DeviceValues, GuardSite, Sites
 from tiledsl.codegen.interface import KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
 
@@ -167,6 +169,7 @@ class KernelPlan:
     uses_nvshmem: bool
     edges: tuple[str, ...]                                 # edge texts by number, for error messages
     interface: KernelInterface = field(default=None)
+    guards: tuple[GuardSite, ...] = ()                     # what each guard site reports (codegen/device.py)
     # written for several nodes: topology sizes are arguments, and the entry barrier has two levels
     spans_nodes: bool = False
 
@@ -215,12 +218,13 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
     sm_chunks = any(f.kind is ir.Kind.CHUNK and f.engine.kind is not ir.EngineKind.COPY_ENGINE
                     for f in schedule.families.values())
     families = []
+    sites = Sites(schedule)
     for name in meaning.family_sequence(schedule):
         family = schedule.families[name]
         notify = None
         if name in waited or family.puts:  # a put always signals
             notify = _notify(schedule, family, kernel, name in cross_rank, reach.get(name))
-        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, reach))
+        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, reach, sites))
     # an NVSHMEM put's target and a get's source are reached by NVSHMEM, not through a peer pointer
     nvshmem = [f for f in schedule.families.values() if f.engine.kind is ir.EngineKind.NVSHMEM]
     shmem = {f.writes[0] if f.puts else f.reads[0] for f in nvshmem}
@@ -238,7 +242,8 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
         distributed=bool(peers) or bool(cross_rank),
         uses_nvshmem=any(f.engine == "nvshmem" or (f.notify is not None and f.notify.remote is not None)
                          for f in families) or (schedule.spans_nodes and (bool(peers) or bool(cross_rank))),
-        edges=tuple(source_line(schedule, e.span) for e in schedule.edges), spans_nodes=schedule.spans_nodes)
+        edges=tuple(source_line(schedule, e.span) for e in schedule.edges), guards=tuple(sites.sites),
+        spans_nodes=schedule.spans_nodes)
     return KernelPlan(**{**plan.__dict__, "interface": interface_of(plan)})
 
 
@@ -261,7 +266,7 @@ def _notify(schedule: ir.Schedule, family: ir.Family, kernel, cross_rank: bool, 
 
 
 def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, sm_chunks: bool,
-            reach: dict) -> Family:
+            reach: dict, sites) -> Family:
     on_sms = family.engine.kind is not ir.EngineKind.COPY_ENGINE
     product = tma_target = None
     body: tuple = ()
@@ -272,11 +277,12 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
     waits = tuple(w for w in every if schedule.edges[w.edge].loop is None)
     step_waits = tuple(w for w in every if schedule.edges[w.edge].loop is not None)
     if family.kind is ir.Kind.TILE:
-        tile = tile_body(schedule, family, consts, kernel, step_waits)
+        tile = tile_body(schedule, family, consts, kernel, step_waits, sites)
         body, product, tma_target, blocks = tile.statements, tile.product, tile.tma_target, tile.blocks
+        body = _past_valid(schedule, family, kernel, sites, body)
         head = tile.head
     elif on_sms:
-        body = (chunk_body(schedule, family, kernel),)
+        body = chunk_body(schedule, family, kernel, sites)
     # a product's TMA loads read what its waits acquired, through another proxy: a fence between them
     body = waits + ((Fence(),) if waits and product is not None else ()) + body
     if on_sms:  # timeline stamps, compiled out unless traced
@@ -300,6 +306,20 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
 
 
+def _past_valid(schedule, family: ir.Family, kernel, sites, body: tuple) -> tuple:
+    """A tile whose writes may all lie past the valid rows of a tensor declared `upto` a count runs its
+    body only where they do not (meaning.runs_when), after fetching the counts."""
+    condition = meaning.runs_when(schedule, family)
+    if condition is sympy.true:
+        return body
+    fetches: list = []
+    names: list[str] = []
+    values = DeviceValues(schedule, kernel, sites, lambda hint: names.append(f"tds_valid_{hint}{len(names) or ''}")
+                          or names[-1], consts={})
+    condition = values.read(kernel(condition), fetches)
+    return (*fetches, If(condition, body))
+
+
 def _slots(family: ir.Family, kernel) -> sympy.Expr:
     return kernel(sympy.Mul(*(e for _, e in family.indices))) * family.split
 
@@ -316,7 +336,8 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
         loops, index = [], []
         for mapped, (symbol, extent) in zip(target.index, producer.indices):
             if mapped is None:
-                var = ir.index_symbol(f"tds_{symbol.name}")
+                # not a name the family's own loop uses (an index named t would be tds_t, its loop's)
+                var = ir.index_symbol(f"tds_{symbol.name}" + ("_" if symbol.name in ("t", "inst", "part") else ""))
                 loops.append((var, kernel(extent)))
                 index.append(var)
             else:

@@ -31,8 +31,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
                        dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
-                       always=always, plus=plus, slot=slot_code, comment=comment, string=string,
-                       next_power_of_2=lambda n: 1 << (int(n) - 1).bit_length())
+                       always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
+                       wait_call=wait_call)
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
                        FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env
@@ -76,6 +76,26 @@ def slot_code(expr, family) -> str:
     return kernel_code(expr, renames(family))
 
 
+def wait_call(wait: body.Wait, family, indent: str) -> str:
+    """The wait on a slot, its diagnostics within three lines of the call: a slot too long for that goes
+    on a line of its own first."""
+    # a slot NVSHMEM writes: its own wait follows; a split producer's parts: all read at once
+    helper = ("wait_parts" if wait.parts > 1 else "wait") + ("_shmem" if wait.shmem else "")
+    parts = f", PARTS={wait.parts}, BLOCK={1 << (wait.parts - 1).bit_length()}" if wait.parts > 1 else ""
+
+    def call(slot: str) -> str:
+        return wrap(f"{indent}tds_sync.{helper}(tds_sig_{wait.producer} + {slot}, tds_epoch, diag=tds_diag, "
+                    f"max_spins=tds_max_spins, rank=rank, edge={wait.edge}, instance={slot_code(INSTANCE, family)}"
+                    f"{parts})")
+    slot = slot_code(wait.slot, family)
+    text = call(slot)
+    if "diag=tds_diag" in "\n".join(text.splitlines()[:3]):
+        return text
+    bound = wrap(f"{indent}tds_waited = {slot}") + "\n" + call("tds_waited")
+    # a slot that wraps only inside its own brackets (hier_allreduce's) stays in the call, where it fits
+    return bound if all(len(line) <= WIDTH for line in bound.splitlines()) else text
+
+
 # ---- blocks --------------------------------------------------------------------------------------------
 
 def axes_of(family) -> list[tuple[str, str]]:
@@ -103,7 +123,7 @@ def body_walk(statements):
 def offset(place: body.Place, axis_names=None) -> str:
     """The element offset of a place's block from its base, dimension by dimension: the start (plus
     the block's arange along its axis) times the stride."""
-    axis_names = axis_names or (place.names if place.names is not None else AXES[place.axes])
+    axis_names = axis_names or (place.names if place.names is not None else AXES.get(place.axes, ()))
     terms = []
     for dim in place.dims:
         if dim.axis is None:
@@ -121,7 +141,7 @@ def mask(places, axis_names=None) -> str:
     """Which elements of the block exist: inside the tensor(s), and inside the region where the block is
     larger than it."""
     places = places if isinstance(places, (list, tuple)) else [places]
-    axis_names = axis_names or (places[0].names if places[0].names is not None else AXES[places[0].axes])
+    axis_names = axis_names or (places[0].names if places[0].names is not None else AXES.get(places[0].axes, ()))
     parts = []
     for dim in (d for place in places for d in place.dims):
         if dim.axis is None:
@@ -129,6 +149,8 @@ def mask(places, axis_names=None) -> str:
         if dim.clip is not None:
             parts.append(f"({axis_names[dim.axis]} < {kernel_code(dim.clip)})")
         parts.append(f"({_index(dim, axis_names)} < {kernel_code(dim.bound)})")
+    for place in places:  # a gathered row whose index is missing or out of range is no row
+        parts += [kernel_code(c) if isinstance(c, sympy.Symbol) else f"({kernel_code(c)})" for c in place.valid]
     return " & ".join(dict.fromkeys(parts)) if parts else "None"
 
 
@@ -144,6 +166,14 @@ def base(place_or_tensor, owner=None) -> str:
     if owner is None:
         return place_or_tensor
     return f"{place_or_tensor} + tl.load(tds_peers_{place_or_tensor} + {kernel_code(owner)})"
+
+
+def bad(report: body.Report) -> str:
+    """Where a report's condition holds, within its place's mask."""
+    text = f"({kernel_code(report.bad)})"
+    if report.within is not None and mask(report.within) != "None":
+        text += f" & {mask(report.within)}"
+    return text
 
 
 def operand(value) -> str:

@@ -125,7 +125,8 @@ Expr = Union[Num, Name, BinOp, Neg, Call, Peer, Subscript, RankSum, Compare, Tra
 
 @dataclass(frozen=True)
 class IndexVar:
-    """`i in M/BM`: an index of a family and its extent (instances 0 .. extent-1)."""
+    """`i in M/BM`: an index of a family and its extent (instances 0 .. extent-1). A family declared
+    without indices has one instance."""
     name: Name
     extent: Expr
     span: Span = field(compare=False)
@@ -183,6 +184,8 @@ class TensorDecl:
     dtype: Name
     shape: tuple[Expr, ...]
     span: Span = field(compare=False)
+    cap: Expr | None = None    # `cap C`: every element is a count from 0 to C
+    upto: Name | None = None   # `upto count`: the dimension after count's is valid below count[...]
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,7 @@ class Dep:
 @dataclass(frozen=True)
 class EdgeDecl:
     consumer: Name
-    bound: tuple[Name, ...]  # the names the consumer's indices take in the index maps
+    bound: tuple[Name, ...]  # the names the consumer's indices take in the index maps (none: one instance)
     deps: tuple[Dep, ...]
     span: Span = field(compare=False)
 

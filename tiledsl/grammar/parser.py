@@ -130,8 +130,15 @@ class _Builder(Transformer):
 
     # tensors
     def tensor_decl(self, meta, children):
-        role, name, dtype, *shape = children
-        return ast.TensorDecl(role, self._name(name, True), self._name(dtype), tuple(shape), _span(meta))
+        role, name, dtype, *shape, cap, upto = children
+        return ast.TensorDecl(role, self._name(name, True), self._name(dtype), tuple(shape), _span(meta),
+                              cap.value if cap else None, upto.value if upto else None)
+
+    def cap(self, meta, children):
+        return _Suffix(children[0])
+
+    def upto(self, meta, children):
+        return _Suffix(self._name(children[0]))
 
     def role_in(self, meta, _):
         return "in"
@@ -151,13 +158,17 @@ class _Builder(Transformer):
     # families
     def chunk_decl(self, meta, children):
         name, indices, engine, split, source, target, reduce = children
-        return ast.ChunkDecl(self._name(name, True), indices, engine, split, source, target, reduce, _span(meta))
+        return ast.ChunkDecl(self._name(name, True), indices or (), engine, split, source, target, reduce,
+                             _span(meta))
 
     def tile_decl(self, meta, children):
         name, indices, engine, *body = children
         if len(body) == 1 and isinstance(body[0], _Block):
             body = body[0].statements
-        return ast.TileDecl(self._name(name, True), indices, engine, tuple(body), _span(meta))
+        return ast.TileDecl(self._name(name, True), indices or (), engine, tuple(body), _span(meta))
+
+    def instances(self, meta, children):
+        return children[0]
 
     def block(self, meta, statements):
         return _Block(tuple(statements))
@@ -189,15 +200,18 @@ class _Builder(Transformer):
 
     # edges, order, placement
     def edge_decl(self, meta, children):
-        consumer, *rest = children
-        bound = tuple(self._name(t, True) for t in rest if isinstance(t, Token))
-        deps = tuple(c for c in rest if isinstance(c, ast.Dep))
-        return ast.EdgeDecl(self._name(consumer), bound, deps, _span(meta))
+        consumer, bound, *deps = children
+        return ast.EdgeDecl(self._name(consumer), bound or (), tuple(deps), _span(meta))
+
+    def bound(self, meta, children):
+        return tuple(self._name(t, True) for t in children)
 
     def dep(self, meta, children):
-        family, *rest = children
-        ranks = rest.pop()
-        return ast.Dep(self._name(family), tuple(rest), ranks.value if ranks else None, _span(meta))
+        family, index, ranks = children
+        return ast.Dep(self._name(family), index or (), ranks.value if ranks else None, _span(meta))
+
+    def dep_indices(self, meta, children):
+        return tuple(children)
 
     def all_instances(self, meta, _):
         return ast.AllInstances(_span(meta))
@@ -326,6 +340,13 @@ class _Many:
 
 
 class _Ranks:
+    def __init__(self, value):
+        self.value = value
+
+
+class _Suffix:
+    """A tensor declaration's optional `cap C` or `upto count`, told apart from its shape."""
+
     def __init__(self, value):
         self.value = value
 

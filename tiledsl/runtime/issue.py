@@ -16,6 +16,20 @@ class ScheduleTimeout(RuntimeError):
     """A wait ran past its bound: the message names the rank, the edge and the epochs."""
 
 
+class DataError(RuntimeError):
+    """A device value broke its declaration during a call (found on the device, raised after it)."""
+
+
+class CapacityExceeded(DataError):
+    """A count above its tensor's `cap`: the message names the rank, the element (the expert, say) and
+    both numbers. The call treated the count as the cap: its results are incomplete."""
+
+
+class IndexOutOfRange(DataError):
+    """A gathered index outside the dimension it indexes: the message names the rank, the element of
+    the index tensor and its value. The call skipped that row."""
+
+
 @dataclass
 class PreparedCall:
     """What one call needs, prepared once per set of caller tensors."""

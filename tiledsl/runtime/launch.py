@@ -14,9 +14,10 @@ import dataclasses
 
 import torch
 
-from tiledsl.runtime import sync, timeline, validate
+from tiledsl.runtime import guards, sync, timeline, validate
 # ScheduleTimeout is raised by check() below, and callers import it from here
-from tiledsl.runtime.issue import Issuing, PreparedCall, ScheduleTimeout
+from tiledsl.runtime.issue import (CapacityExceeded, DataError, IndexOutOfRange, Issuing, PreparedCall,
+                                   ScheduleTimeout)
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
     Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, kernel_options, linear, ordered_instances, pipeline_stages,
     pow2_at_least, unlinear)
@@ -154,6 +155,7 @@ class Program(Issuing):
             res[f"order_{name}"] = order
             res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
         res["blocks"] = self.module.tds_blocks(env)
+        res["shapes"] = shapes
         res["diag"] = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
         for spec in self.module.tds_FAMILIES:  # timeline rows: one per instance part when traced, else one
             rows = counts[spec.name] * spec.split if self.trace else 1
@@ -195,7 +197,7 @@ class Program(Issuing):
         moved = self._moved.get(key)
         if moved is None:
             moved = offsets(shared) + delta
-            if self.emulated or not torch.cuda.is_current_stream_capturing():
+            if self.emulated or not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
                 if len(self._moved) >= MAX_MOVED_TABLES:
                     self._moved.clear()
                 self._moved[key] = moved
@@ -483,6 +485,16 @@ class Program(Issuing):
             ops.append((target, source, copies, waits, row))
         return ops
 
+    def _guard_error(self, res: dict, diag, site: int) -> Exception:
+        """The error a guard site reported: a count above its cap, or an index out of its range."""
+        kind, tensor, target, declared = self.module.tds_GUARDS[site]
+        shape = res["shapes"][tensor]
+        rank, element = int(diag[sync.DIAG_RANK]), guards.unflatten(int(diag[sync.DIAG_INSTANCE]), shape)
+        bound, value = int(diag[sync.DIAG_EXPECTED]), int(diag[sync.DIAG_SEEN])
+        if kind == guards.CAPACITY:
+            return guards.capacity_error(rank, tensor, element, value, bound, declared)
+        return guards.index_error(rank, tensor, element, value, bound, target, declared)
+
     def trace_buffers(self) -> dict:
         """The last traced call's timeline rows on this rank: per family, and the entry's (runtime/timeline.py)."""
         if not self.trace or not self._resources:
@@ -539,6 +551,8 @@ class Program(Issuing):
             if int(diag[sync.DIAG_FLAG]):
                 res["diag"].zero_()
                 edge = int(diag[sync.DIAG_EDGE])
+                if edge <= sync.GUARD_EDGE:
+                    raise self._guard_error(res, diag, sync.GUARD_EDGE - edge)
                 what = "the entry barrier" if edge == sync.BARRIER_EDGE else "the exit barrier" \
                     if edge == sync.EXIT_EDGE else f"edge {edge}: {self.module.tds_EDGES[edge]}"
                 raise ScheduleTimeout(
@@ -547,5 +561,6 @@ class Program(Issuing):
                     f"{int(diag[sync.DIAG_EXPECTED])}, saw {int(diag[sync.DIAG_SEEN])})")
 
 
-__all__ = ["Program", "Arg", "Kind", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "linear",
+__all__ = ["Program", "Arg", "Kind", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "DataError",
+           "CapacityExceeded", "IndexOutOfRange", "linear",
            "unlinear", "ordered_instances", "pow2_at_least", "kernel_options", "pipeline_stages"]

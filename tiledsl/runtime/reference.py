@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import functools
 
+import sympy
 import torch
 
+from tiledsl.runtime import guards
 from tiledsl.schedule import ir
 from tiledsl.schedule.intcode import code
-from tiledsl.schedule.meaning import instantiate
+from tiledsl.schedule.meaning import instantiate, runs_when
 from tiledsl.tables import FUNCTIONS
 
 
@@ -23,6 +25,14 @@ def _host(expr) -> "callable":
 
 def evaluate(expr, env) -> int:
     return int(_host(expr)(env))
+
+
+def declared(schedule: ir.Schedule, tensor: str) -> str:
+    """`file:line` and the declaration of a tensor as written, comment included: what the bound means."""
+    span = schedule.tensors[tensor].span
+    lines = schedule.program.source.splitlines()
+    text = " ".join(lines[span.line - 1].split()) if 0 < span.line <= len(lines) else tensor
+    return f"{schedule.program.path}:{span.line} `{text}`"
 
 
 class Reference:
@@ -73,35 +83,174 @@ class Reference:
             instance = concrete.instances[position]
             family = self.schedule.families[instance.family]
             env = {**self.rank_env(instance.rank), **dict(zip(family.index_names, instance.index))}
+            if not self.resolve(runs_when(self.schedule, family), env, instance.rank):
+                continue  # every write past the valid rows: nothing to do, at any of its nodes
             if family.body:
                 self.run_part(family, env, instance.rank, position, step)
             else:
                 self.run_instance(family, env, instance.rank)
         return state
 
+    # ---- device values ---------------------------------------------------------------------------
+    def tensor(self, name: str, owner: int, peer: bool) -> torch.Tensor:
+        """Rank `owner`'s copy; named as a peer's (`X@s`, even where s is this rank), a caller tensor
+        is read from its copy staged at the call's start."""
+        if peer and name in self.staged[owner]:
+            return self.staged[owner][name]
+        return self.state[owner][name]
+
+    def element(self, value, env: dict, rank: int) -> tuple[int, tuple[int, ...]] | None:
+        """A device value read from the tensor it names, with its index; None where the index lies
+        outside the tensor (a gathered row past the end of its index tensor)."""
+        owner = evaluate(ir.value_owner(value), env)
+        index = tuple(evaluate(a, env) for a in ir.value_index(value))
+        if not 0 <= owner < self.world:
+            return None
+        tensor = self.tensor(ir.value_tensor(value), owner, ir.value_owner(value) != ir.RANK)
+        if not 0 <= owner < self.world or any(not 0 <= i < n for i, n in zip(index, tensor.shape)):
+            return None
+        return int(tensor[index]), index
+
+    def count(self, value, env: dict, rank: int) -> int:
+        """A capped count as sizes read it: above its cap, the cap, and an error."""
+        found = self.element(value, env, rank)
+        name = ir.value_tensor(value)
+        cap = evaluate(self.schedule.tensors[name].cap, env)
+        if found[0] > cap:
+            raise guards.capacity_error(rank, name, found[1], found[0], cap, declared(self.schedule, name))
+        return found[0]
+
+    def resolve(self, expr, env: dict, rank: int) -> int | None:
+        """An expression's value with its device values read; None where one lies outside its tensor."""
+        expr = sympy.sympify(expr)
+        values = ir.device_values(expr)
+        if not values:
+            return evaluate(expr, env)
+        known = {}
+        for value in values:
+            if self.schedule.tensors[ir.value_tensor(value)].cap is not None:
+                known[value] = self.count(value, env, rank)
+                continue
+            found = self.element(value, env, rank)
+            if found is None:
+                return None
+            known[value] = found[0]
+        return evaluate(expr.xreplace({v: sympy.Integer(n) for v, n in known.items()}), env)
+
+    def rows(self, region: ir.Region, env: dict, rank: int):
+        """A gathered region, row by row: (row, owner, the index of its box), for the rows whose index
+        elements exist; an index outside the dimension it names is an error."""
+        for row in range(evaluate(region.rows, env)):
+            at = {**env, ir.ROW.name: row}
+            owner = rank if region.owner is None else self.resolve(region.owner, at, rank)
+            if owner is None:
+                continue
+            index, missing = [], False
+            for n, dim in enumerate(region.dims):
+                start = self.resolve(dim.start, at, rank)
+                if start is None:
+                    missing = True
+                    break
+                if dim.kept:
+                    index.append(slice(start, start + evaluate(dim.size, at)))
+                else:
+                    index.append(start)
+            if missing:
+                continue
+            self.check_index(region, index, owner, at, rank)
+            yield row, owner, tuple(index)
+
+    def check_index(self, region: ir.Region, index, owner: int, env: dict, rank: int) -> None:
+        shape = self.state[0][region.tensor].shape
+        for n, (dim, at) in enumerate(zip(region.dims, index)):
+            if dim.kept or 0 <= at < shape[n]:
+                continue
+            value = next(iter(ir.device_values(dim.start)))
+            _, element = self.element(value, env, rank)
+            raise guards.index_error(rank, ir.value_tensor(value), element, self.element(value, env, rank)[0],
+                                     shape[n], region.tensor, declared(self.schedule, ir.value_tensor(value)))
+        if not 0 <= owner < self.world:
+            value = next(iter(ir.device_values(region.owner)))
+            found, element = self.element(value, env, rank)
+            raise guards.index_error(rank, ir.value_tensor(value), element, found, self.world, f"{region.tensor}@rank",
+                                     declared(self.schedule, ir.value_tensor(value)))
+
     def view(self, region: ir.Region, env: dict, rank: int, pad: bool = False) -> torch.Tensor:
         """The region's elements that exist (a `+n` slice is clipped at the end of its dimension), or
         with `pad`, the region at its written size with 0 past the end: what a tile's masked load
         reads."""
-        owner = rank if region.owner is None else evaluate(region.owner, env)
-        if region.owner is not None and region.tensor in self.staged[owner]:
-            tensor = self.staged[owner][region.tensor]
-        else:
-            tensor = self.state[owner][region.tensor]
+        if region.rows is not None:
+            return self.gather(region, env, rank)
+        owner = rank if region.owner is None else self.resolve(region.owner, env, rank)
+        tensor = self.tensor(region.tensor, owner, region.owner is not None)
         index, sizes = [], []
         for dim in region.dims:
-            start = evaluate(dim.start, env)
+            start = self.resolve(dim.start, env, rank)
             if dim.kept:
-                sizes.append(evaluate(dim.size, env))
+                sizes.append(max(0, self.resolve(dim.size, env, rank)))
                 index.append(slice(start, start + sizes[-1]))
             else:
                 index.append(start)
+        if any(ir.device_values(d.start) for d in region.dims if not d.kept):
+            self.check_index(region, index, owner, env, rank)
         view = tensor[tuple(index)]
         if not pad or tuple(view.shape) == tuple(sizes):
             return view
         padded = torch.zeros(sizes, dtype=view.dtype)
         padded[tuple(slice(0, n) for n in view.shape)] = view
         return padded
+
+    def gather(self, region: ir.Region, env: dict, rank: int) -> torch.Tensor:
+        """A gathered region's rows at their written size: 0 for a row whose index does not exist and
+        past the end of a dimension, as a masked load reads them."""
+        sizes = [evaluate(d.size, env) for d in region.dims if d.kept]
+        out = torch.zeros([evaluate(region.rows, env), *sizes], dtype=torch.float64)
+        for row, owner, index in self.rows(region, env, rank):
+            part = self.tensor(region.tensor, owner, region.owner is not None)[index]
+            out[(row, *(slice(0, n) for n in part.shape))] = part.double()
+        return out
+
+    def scatter(self, region: ir.Region, env: dict, rank: int, value: torch.Tensor) -> None:
+        """A store into a gathered region: each row whose index exists, clipped at the tensor's end."""
+        for row, owner, index in self.rows(region, env, rank):
+            target = self.state[owner][region.tensor][index]
+            part = value[row] if value.dim() else value
+            target.copy_(part.expand(target.shape) if part.dim() == 0 else part[tuple(slice(0, n) for n in target.shape)])
+
+    def route(self, value: ir.Route, env: dict, rank: int) -> torch.Tensor:
+        """histogram() or arrival() of a region of ids, which must lie in 0..bins-1."""
+        ids = self.view(value.source, env, rank).long()
+        bins = evaluate(value.bins, env)
+        flat = ids.flatten()
+        bad = ((flat < 0) | (flat >= bins)).nonzero()
+        if len(bad):
+            first = int(bad[0])
+            start = [evaluate(d.start, env) for d in value.source.dims]
+            local = guards.unflatten(first, ids.shape)
+            kept = iter(local)
+            element = tuple(s + next(kept) if d.kept else s for s, d in zip(start, value.source.dims))
+            raise guards.index_error(rank, value.source.tensor, element, int(flat[first]), bins,
+                                     f"{value.func}(..., {bins})", declared(self.schedule, value.source.tensor))
+        if value.func == "histogram":
+            return torch.bincount(flat, minlength=bins).double()
+        seen = torch.zeros(bins, dtype=torch.long)
+        arrival = torch.empty_like(flat)
+        for n, group in enumerate(flat.tolist()):
+            arrival[n] = seen[group]
+            seen[group] += 1
+        return arrival.reshape(ids.shape).double()
+
+    def check_cap(self, region: ir.Region, env: dict, rank: int, value: torch.Tensor) -> None:
+        """A tile's store into a capped tensor: every value at most the cap."""
+        cap = evaluate(self.schedule.tensors[region.tensor].cap, env)
+        above = (value > cap).nonzero()
+        if not len(above):
+            return
+        local = tuple(int(i) for i in above[0])
+        starts = iter(local)
+        element = tuple(evaluate(d.start, env) + (next(starts) if d.kept else 0) for d in region.dims)
+        raise guards.capacity_error(rank, region.tensor, element, int(value[local]), cap,
+                                    declared(self.schedule, region.tensor))
 
     def run_instance(self, family: ir.Family, env: dict, rank: int) -> None:
         if family.kind is ir.Kind.CHUNK:
@@ -116,17 +265,23 @@ class Reference:
             self.store(store, env, rank)
 
     def store(self, store: ir.Store, env: dict, rank: int, names: dict | None = None) -> None:
-        target = self.view(store.target, env, rank)
         value = self.value(store.value, env, rank, names)
-        declared = self.schedule.tensors[store.target.tensor].dtype
-        dtype = getattr(torch, self.dtype_map.get(declared, declared))
+        tensor = self.schedule.tensors[store.target.tensor]
+        dtype = getattr(torch, self.dtype_map.get(tensor.dtype, tensor.dtype))
         value = value.to(dtype).double() if dtype.is_floating_point else value
+        if store.target.rows is not None:
+            self.scatter(store.target, env, rank, value)
+            return
+        target = self.view(store.target, env, rank)
         if value.dim() == 0:
             value = value.expand(target.shape)
         else:  # [BM, 1] into a region of shape [BM]: the region's written size, then clipped as it is
-            sizes = [evaluate(d.size, env) for d in store.target.dims if d.kept]
+            sizes = [max(0, self.resolve(d.size, env, rank)) for d in store.target.dims if d.kept]
             value = value.reshape(sizes)
-        target.copy_(value[tuple(slice(0, n) for n in target.shape)])
+        value = value[tuple(slice(0, n) for n in target.shape)]
+        if tensor.cap is not None:
+            self.check_cap(store.target, env, rank, value)
+        target.copy_(value)
 
     def run_part(self, family: ir.Family, env: dict, rank: int, position: int, step: int | None) -> None:
         """One node of a tile written as a block (meaning.py): before its loop (step -1), one step of
@@ -159,6 +314,8 @@ class Reference:
                 self.store(statement, env, rank, names)
 
     def value(self, value: ir.Value, env: dict, rank: int, names: dict | None = None) -> torch.Tensor:
+        if isinstance(value, ir.Route):
+            return self.route(value, env, rank)
         if isinstance(value, ir.Scalar):
             number = value.value if isinstance(value.value, (int, float)) else evaluate(value.value, env)
             return torch.tensor(float(number), dtype=torch.float64)

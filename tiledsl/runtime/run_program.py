@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from tiledsl import pipeline
 from tiledsl.diagnostics import TdsError, error
-from tiledsl.runtime.reference import Reference
+from tiledsl.runtime.reference import Reference, evaluate
 from tiledsl.tables import DTYPES
 from tiledsl.topology import NODES_VARIABLE
 
@@ -35,8 +36,12 @@ class Verdict:
 
 def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict, consts: dict | None = None,
                 nodes: int = 1) -> list[dict]:
+    """Random inputs for every rank: normal values, for an integer tensor of ids values its uses accept
+    (`id_bounds`), distinct along each row where a row can hold distinct ones (a top-k), and for counts
+    declared with a cap values 0 .. cap."""
     reference = Reference(schedule, world, sizes, consts, nodes=nodes)
     generator = torch.Generator().manual_seed(seed)
+    bounds = {name: evaluate(bound, reference.env) for name, bound in id_bounds(schedule).items()}
     inputs = []
     for rank in range(world):
         shapes = reference.shapes(rank)
@@ -44,9 +49,51 @@ def make_inputs(schedule, world: int, sizes: dict, seed: int, dtype_map: dict, c
         for name, tensor in schedule.tensors.items():
             if tensor.role.value in ("in", "inout"):
                 dtype = getattr(torch, dtype_map.get(tensor.dtype, tensor.dtype))
-                tensors[name] = torch.randn(shapes[name], generator=generator).to(dtype)
+                if name in bounds:
+                    tensors[name] = random_ids(shapes[name], bounds[name], generator).to(dtype)
+                elif tensor.cap is not None:  # counts given by the caller: 0 .. cap, as declared
+                    cap = evaluate(tensor.cap, reference.env)
+                    tensors[name] = torch.randint(0, cap + 1, tuple(shapes[name]), generator=generator).to(dtype)
+                else:
+                    tensors[name] = torch.randn(shapes[name], generator=generator).to(dtype)
         inputs.append(tensors)
     return inputs
+
+
+def id_bounds(schedule) -> dict:
+    """The integer inputs used as ids, and the bound each use puts on them: routed into n groups
+    (`histogram(ids, n)`), or a point index into a dimension (its extent), or copied by a chunk into
+    a tensor so used; the smallest of them."""
+    from tiledsl.schedule import ir
+    found: dict = {}
+
+    def bound(tensor: str, value) -> None:
+        found[tensor] = value if tensor not in found else sympy.Min(found[tensor], value)
+
+    for family in schedule.families.values():
+        for store in family.stores:
+            if isinstance(store.value, ir.Route):
+                bound(store.value.source.tensor, store.value.bins)
+        for region in family.reads + family.writes:
+            shape = schedule.tensors[region.tensor].shape
+            for n, dim in enumerate(region.dims):
+                for value in ir.device_values(dim.start):
+                    if dim.start == value:
+                        bound(ir.value_tensor(value), shape[n])
+    for _ in schedule.families:  # ids copied on by chunks take their copies' bounds
+        for family in schedule.families.values():
+            source, target = family.reads[0].tensor if family.reads else None, family.writes[0].tensor
+            if family.kind is ir.Kind.CHUNK and target in found and found.get(source) != found[target]:
+                bound(source, found[target])
+    return {name: value for name, value in found.items() if schedule.tensors[name].role.value in ("in", "inout")}
+
+
+def random_ids(shape, bound: int, generator) -> torch.Tensor:
+    """Ids below `bound`, distinct along the last dimension where it is no longer than the bound."""
+    if len(shape) >= 1 and shape[-1] <= bound:
+        rows = int(torch.Size(shape[:-1]).numel())
+        return torch.rand(rows, bound, generator=generator).argsort(dim=1)[:, :shape[-1]].reshape(shape)
+    return torch.randint(0, bound, tuple(shape), generator=generator)
 
 
 def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: list[list[dict]], dtype_map: dict,
@@ -65,7 +112,7 @@ def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: l
     for inputs in calls:
         for spec in program.callers:
             if spec.role == "out":
-                args[spec.name].fill_(float("nan"))  # poison: an element never written shows up
+                args[spec.name].fill_(poison(args[spec.name].dtype))  # an element never written shows up
             else:
                 args[spec.name].copy_(inputs[heap.rank][spec.name])
         program(**args)
@@ -73,6 +120,12 @@ def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: l
         outputs.append({s.name: args[s.name].numpy().copy() for s in program.callers if s.role in ("out", "inout")})
     heap.close()
     return outputs
+
+
+def poison(dtype: torch.dtype) -> float | int:
+    """What outputs hold before a call: NaN, or for integers their most negative value (no count or
+    index is negative, so an element left so was never written)."""
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
 def program_schedule(source: str):
@@ -110,8 +163,21 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
             note += f"; emulated in {dtype} for {tensor.dtype}"
         got = [torch.from_numpy(results[rank][call][name]) for call in range(calls) for rank in range(world)]
         want = [expected[call][rank][name] for call in range(calls) for rank in range(world)]
+        if tensor.upto is not None:  # elements past the valid rows are unspecified: not compared
+            valid = [valid_rows(expected[call][rank][name].shape, expected[call][rank][tensor.upto])
+                     for call in range(calls) for rank in range(world)]
+            got = [torch.where(v, g.double(), 0.0) for g, v in zip(got, valid)]
+            want = [torch.where(v, w, 0.0) for w, v in zip(want, valid)]
+            note += f"; compared below {tensor.upto}"
         verdicts.append(compare(name, got, want, dtype, note))
     return verdicts
+
+
+def valid_rows(shape, count: torch.Tensor) -> torch.Tensor:
+    """Where a tensor declared `upto count` is valid: along the dimension after count's, below count."""
+    prefix = count.dim()
+    along = torch.arange(shape[prefix]).view(*([1] * prefix), -1, *([1] * (len(shape) - prefix - 1)))
+    return (along < count.view(*count.shape, *([1] * (len(shape) - prefix)))).expand(shape)
 
 
 def rounded_dtype(schedule, tensor: str, dtype: str) -> str:

@@ -111,7 +111,8 @@ def kernel_options(module, element_size: int = 2) -> dict:
         return {"num_warps": 4, "num_stages": 2}
     stages = []
     for f in products:
-        (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block, descriptors[f"tds_desc_{f}_b"].block[1]
+        # the last two dimensions of each block (an N-D operand's others are 1)
+        (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block[-2:], descriptors[f"tds_desc_{f}_b"].block[-1]
         tma_store = f"tds_desc_{f}_c" in descriptors
         least = shared_memory_bytes(block_m, block_n, block_k, tma_store, element_size, 2)
         if least > SHARED_MEMORY_LIMIT:

@@ -26,6 +26,9 @@ DIAG_FLAG, DIAG_RANK, DIAG_EDGE, DIAG_INSTANCE, DIAG_EXPECTED, DIAG_SEEN = range
 DIAG_SIZE = 8
 BARRIER_EDGE = -1  # the edge number a timed-out entry barrier reports
 EXIT_EDGE = -2     # and a timed-out exit barrier (inputs peers read in place, runtime/launch.py)
+GUARD_EDGE = -3    # guard site s (a device value past its bound) reports edge GUARD_EDGE - s
+_GUARD_EDGE = tl.constexpr(GUARD_EDGE)
+NONE_FOUND = tl.constexpr(2**31 - 1)
 
 EMULATED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -79,6 +82,31 @@ def wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.
     if least < epoch:
         for part in range(0, PARTS):
             wait(sig_ptr + part, epoch, diag, max_spins, rank, edge, instance)
+
+
+@triton.jit
+def report(diag_ptr, rank, site, bad, element, value, bound):
+    """A device value past its bound (runtime/guards.py): where `bad` holds, the first element (the
+    smallest flat offset) is recorded in the diagnostics as guard `site`, with its value and the bound,
+    unless something was recorded already. The call goes on (the kernel skips what the value would
+    have reached) and the launcher raises after it; later waits of this rank give up at once."""
+    bad = bad | (tl.zeros([1], tl.int32) != 0)  # a block even where the arguments are scalars
+    first = tl.min(tl.where(bad, element, NONE_FOUND))
+    if first != NONE_FOUND:
+        found = tl.max(tl.where(bad & (element == first), value, -NONE_FOUND).to(tl.int32))
+        if tl.atomic_cas(diag_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
+            tl.store(diag_ptr + 1, rank)
+            tl.store(diag_ptr + 2, _GUARD_EDGE - site)
+            tl.store(diag_ptr + 3, first.to(tl.int32))
+            tl.store(diag_ptr + 4, bound)
+            tl.store(diag_ptr + 5, found)
+
+
+@triton.jit
+def capped(count, cap, diag_ptr, rank, site, element):
+    """A count read for a size: above its cap it is reported and read as the cap."""
+    report(diag_ptr, rank, site, count > cap, element, count, cap)
+    return tl.minimum(count, cap)
 
 
 @triton.jit

@@ -3,6 +3,7 @@ tile and chunk its regions and every value its shape and dtype. Mistakes are col
 by one, so that a user sees all of them at once."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 import sympy
@@ -10,7 +11,7 @@ import sympy
 from tiledsl.diagnostics import Diagnostic, Note, TdsError, error
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
-from tiledsl.schedule.values import ValueBuilder
+from tiledsl.schedule.values import ValueBuilder, same, shape_text
 from tiledsl.tables import SPELLINGS
 
 BUILTIN_SIZES = {"world": ir.WORLD, "nodes": ir.NODES, "local_world": ir.LOCAL_WORLD}
@@ -20,14 +21,27 @@ MAX_ERRORS = 50
 
 
 class _Scope:
-    """The names an expression may use, with what they are."""
+    """The names an expression may use, with what they are. Inside a region's slices a tensor element
+    may be read too (a device value): `elements` collects the regions read that way and `rows` the
+    size of each gathered read (`ids[t*BT : +BT, k]`); elsewhere they are None and an element is refused."""
 
-    def __init__(self, sizes: dict[str, sympy.Expr], indices: dict[str, sympy.Symbol] | None = None):
+    def __init__(self, sizes: dict[str, sympy.Expr], indices: dict[str, sympy.Symbol] | None = None,
+                 elements: list | None = None, rows: list | None = None):
         self.sizes = sizes
         self.indices = dict(indices or {})
+        self.elements = elements
+        self.rows = rows
 
     def child(self, /, **indices: sympy.Symbol) -> "_Scope":  # `/`: an index may be named `self`
-        return _Scope(self.sizes, {**self.indices, **indices})
+        return _Scope(self.sizes, {**self.indices, **indices}, self.elements, self.rows)
+
+    def reading(self) -> "_Scope":
+        """This scope, collecting the tensor elements its expressions read."""
+        return _Scope(self.sizes, self.indices, [], [])
+
+    def plain(self) -> "_Scope":
+        """This scope, with no tensor elements allowed."""
+        return _Scope(self.sizes, self.indices)
 
     def lookup(self, name: str) -> sympy.Expr | None:
         if name in self.indices:
@@ -50,6 +64,7 @@ class Builder:
         self.sizes: dict[str, sympy.Expr] = dict(BUILTIN_SIZES)
         self.tensors: dict[str, ir.Tensor] = {}
         self.lets: list[tuple[str, sympy.Expr]] = []
+        self.values = ValueBuilder(self)
         self.spans_nodes = False  # a topology name was used
         # `wait` statements in tiles' loops: (tile, dep, scope, loop variable), edges once families exist
         self.pending_waits: list = []
@@ -116,9 +131,12 @@ class Builder:
             return self.divide(left, right, expr.span, scope)
         if isinstance(expr, ast.Call):
             return self.size_call(expr, scope)
-        if isinstance(expr, ast.Subscript) and isinstance(expr.base, ast.Name) and expr.base.id in self.tensors:
-            self.fail("sizes read from a tensor (data-dependent sizes) are not supported yet", expr.span)
-            return None
+        if isinstance(expr, ast.Subscript) and _tensor_name(expr.base) in self.tensors:
+            if scope.elements is None:
+                self.fail("a tensor element (a device value) may be read only in the slices of a tile or chunk: "
+                          "as an index, a size or a rank", expr.span)
+                return None
+            return self.values.element(expr, scope)
         self.fail("expected a size or index expression", expr.span)
         return None
 
@@ -199,8 +217,9 @@ class Builder:
                 self.require(decl, lets_scope)
             elif isinstance(decl, ast.TensorDecl):
                 self.tensor(decl, lets_scope)
+        self.ragged(program)
         families: dict[str, ir.Family] = {}
-        values = ValueBuilder(self)
+        values = self.values
         for decl in program.decls:
             if isinstance(decl, (ast.ChunkDecl, ast.TileDecl)) and self.declare(decl.name):
                 family = self.family(decl, values)
@@ -243,8 +262,39 @@ class Builder:
             self.fail(f"unknown dtype '{decl.dtype.id}'", decl.dtype.span,
                       hint=f"did you mean '{guess[0]}'?" if guess else "dtypes: " + ", ".join(SPELLINGS))
         shape = [self.size(d, scope) for d in decl.shape]
+        cap = None
+        if decl.cap is not None:
+            cap = self.size(decl.cap, scope)
+            if dtype is not None and not dtype.startswith(("int", "uint")):
+                self.fail(f"`cap` bounds counts: '{decl.name.id}' must be an integer tensor, not {dtype}",
+                          decl.cap.span)
+                cap = None
         if self.declare(decl.name) and dtype is not None and None not in shape:
-            self.tensors[decl.name.id] = ir.Tensor(decl.name.id, ir.Role(decl.role), dtype, tuple(shape), decl.span)
+            self.tensors[decl.name.id] = ir.Tensor(decl.name.id, ir.Role(decl.role), dtype, tuple(shape), decl.span,
+                                                   cap, decl.upto.id if decl.upto else None)
+
+    def ragged(self, program: ast.Program) -> None:
+        """`X : ...[d0, .., dn] upto count`: count is an integer tensor shaped like a prefix of X's
+        dimensions, and X has a dimension after it (the one count bounds)."""
+        for decl in program.of(ast.TensorDecl):
+            tensor = self.tensors.get(decl.name.id)
+            if decl.upto is None or tensor is None:
+                continue
+            count = self.tensors.get(decl.upto.id)
+            if count is None:
+                self.unknown(decl.upto, self.tensors)
+            elif not count.dtype.startswith(("int", "uint")):
+                self.fail(f"'{count.name}' gives '{tensor.name}' its valid rows: it must be an integer tensor",
+                          decl.upto.span)
+            elif len(count.shape) >= len(tensor.shape) or \
+                    not all(map(same, count.shape, tensor.shape[:len(count.shape)])):
+                self.fail(f"'{tensor.name}' {shape_text(tensor.shape)} cannot be valid up to '{count.name}' "
+                          f"{shape_text(count.shape)}: its shape must be the first dimensions of "
+                          f"'{tensor.name}', followed by the dimension it bounds", decl.upto.span)
+            else:
+                continue
+            # reported: the rest of the build goes on without it, to report what else is wrong
+            self.tensors[tensor.name] = dataclasses.replace(tensor, upto=None)
 
     def engine(self, engine: ast.Engine | None, kind: ir.Kind, scope: _Scope) -> ir.Engine | None:
         if engine is None:
@@ -390,6 +440,13 @@ class Builder:
         engine = self.engine(decl.engine, family.kind, _Scope(self.sizes))
         if engine is not None:
             families[family.name] = _replace(family, engine=engine)
+
+
+def _tensor_name(base: ast.Expr) -> str | None:
+    """The tensor a subscript reads: `ids` in `ids[t, k]` and in `sent@s[e]`."""
+    if isinstance(base, ast.Peer):
+        base = base.base
+    return base.id if isinstance(base, ast.Name) else None
 
 
 def _replace(family: ir.Family, **changes) -> ir.Family:

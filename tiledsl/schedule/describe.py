@@ -24,7 +24,9 @@ def describe(schedule: ir.Schedule) -> str:
     lines.append("tensors")
     width = max((len(name) for name in schedule.tensors), default=0)
     for tensor in schedule.tensors.values():
-        lines.append(f"  {tensor.role.value:<5} {tensor.name:<{width}} : {tensor.dtype}{_shape(tensor.shape)}")
+        extra = (f" cap {tensor.cap}" if tensor.cap is not None else "") + \
+            (f" upto {tensor.upto}" if tensor.upto else "")
+        lines.append(f"  {tensor.role.value:<5} {tensor.name:<{width}} : {tensor.dtype}{_shape(tensor.shape)}{extra}")
     lines.append("families")
     for family in schedule.families.values():
         lines.extend(_family(family))
@@ -107,7 +109,8 @@ def region_text(region: ir.Region) -> str:
             dims.append(str(dim.start))
         else:
             dims.append(f"{dim.start} : +{dim.size}")
-    return f"{name}[{', '.join(dims)}]"
+    rows = f" (gathered, {region.rows} rows of {ir.ROW})" if region.rows is not None else ""
+    return f"{name}[{', '.join(dims)}]{rows}"
 
 
 def _atom(expr) -> str:
@@ -124,6 +127,8 @@ def value_text(value: ir.Value) -> str:
         return f"({value_text(value.left)} @ {value_text(value.right)})"
     if isinstance(value, ir.Reduce):
         return f"{value.op}({value_text(value.body)} for {value.var} in {value.extent})"
+    if isinstance(value, ir.Route):
+        return f"{value.func}({region_text(value.source)}, {value.bins})"
     if isinstance(value, ir.Local):
         return value.name
     if isinstance(value, ir.Iota):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from tiledsl.grammar import ast
 
@@ -40,6 +41,12 @@ class Tensor:
     dtype: str                      # a name in tiledsl.tables.DTYPES: bfloat16, float32, ...
     shape: tuple[sympy.Expr, ...]
     span: ast.Span = field(compare=False)
+    # counts: every element is 0..cap. A size that reads one is proved at cap; a store above it stores
+    # cap and raises CapacityExceeded (runtime/issue.py); a copy into it must come from the same cap.
+    cap: sympy.Expr | None = None
+    # ragged: the dimension after this int tensor's dimensions (a prefix of ours) is valid below
+    # upto[i, ...]; elements past it are unspecified (not compared; an instance writing only there is skipped)
+    upto: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,14 +59,18 @@ class Dim:
 
 @dataclass(frozen=True)
 class Region:
+    """A box of a tensor. Where `rows` is set the region is gathered: row r of its first axis (ROW in the
+    expressions, 0..rows-1) is the element its point dimensions and owner name for that r, each of
+    them an expression of device values (`send[ids[t*BT : +BT, k], slot[t*BT : +BT, k], :]`)."""
     tensor: str
     owner: sympy.Expr | None  # the rank whose copy is accessed; None is this rank
     dims: tuple[Dim, ...]
     span: ast.Span = field(compare=False)
+    rows: sympy.Expr | None = None
 
     @property
     def shape(self) -> tuple[sympy.Expr, ...]:
-        return tuple(d.size for d in self.dims if d.kept)
+        return ((self.rows,) if self.rows is not None else ()) + tuple(d.size for d in self.dims if d.kept)
 
 
 # ---- values computed by tiles ------------------------------------------------------------------
@@ -97,6 +108,20 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Route:
+    """Routing of a region of integer ids to `bins` groups (a tile's whole store): `histogram` is the
+    number of elements holding each value 0..bins-1, shape [bins]; `arrival` is, for each element, the
+    number of elements before it (row-major) holding the same value, the region's shape. Together, an
+    id and its arrival name each element once: a write through both never writes one place twice."""
+    func: str  # "histogram" or "arrival"
+    source: Region
+    bins: sympy.Expr
+
+
+ROUTES = ("histogram", "arrival")
+
+
+@dataclass(frozen=True)
 class Local:
     """A name bound in a tile's block (`p = exp2(s - m)`): where it is read, its latest binding."""
     name: str
@@ -116,7 +141,7 @@ class Transpose:
     value: "Value"
 
 
-Value = Union[Load, Scalar, Map, MatMul, Reduce, Local, Iota, Transpose]
+Value = Union[Load, Scalar, Map, MatMul, Reduce, Route, Local, Iota, Transpose]
 
 
 @dataclass(frozen=True)
@@ -348,3 +373,34 @@ NODES = size_symbol("nodes")
 LOCAL_WORLD = size_symbol("local_world")
 RANK_PARTS = {NODE: sympy.floor(RANK / LOCAL_WORLD), LOCAL_RANK: sympy.Mod(RANK, LOCAL_WORLD)}
 TOPOLOGY_NAMES = ("node", "nodes", "local_rank", "local_world")
+
+ROW = index_symbol("tds_row")  # the row of a gathered region's first axis
+
+
+# ---- device values: a tensor's element read on the device ----------------------------------------
+# `got[e, s]` in a size or an index is the application got(owner, e, s) of a sympy function named for
+# the tensor, the owner first (RANK: this rank's copy); the ARCHITECTURE sketch's DeviceValue(tensor,
+# index, cap), the cap being the tensor's. Sizes and indices stay sympy expressions that the checker
+# evaluates at capacity, the reference with the values it holds, and code generation after a load.
+
+def element(tensor: str):
+    """The function whose applications read `tensor`'s elements: integers, never negative (a count, or an
+    index the kernel and the reference check before use)."""
+    return sympy.Function(tensor, integer=True, nonnegative=True)
+
+
+def device_values(expr) -> set:
+    """The tensor elements an expression reads."""
+    return {a for a in sympy.sympify(expr).atoms(AppliedUndef)} if expr is not None else set()
+
+
+def value_tensor(application) -> str:
+    return application.func.__name__
+
+
+def value_owner(application) -> sympy.Expr:
+    return application.args[0]
+
+
+def value_index(application) -> tuple[sympy.Expr, ...]:
+    return application.args[1:]

@@ -20,6 +20,17 @@ rank runs them, or what an edge waits for.
   emulator's; a GPU runs a subset of those orders concurrently, so it cannot deadlock if this does not.
 - **Race**: two overlapping accesses to one rank's copy of a tensor, at least one a write, that no path
   of waits orders (program order does not count: a family's instances run on many programs at once).
+- **Device values**: a size or index may read a tensor element on the device (`+got[e, s]`,
+  `send[ids[t*BT : +BT, k], slot[...], :]`); no size ever reaches the host. Instances and waits never
+  depend on them; the regions are proved **at capacity**: a size reading a `cap`ped count at its cap
+  (sizes only grow with counts), a point or rank read through a gathered index anywhere in its
+  dimension. So every region a call can touch lies inside the one proved. Writes through an id and
+  its `arrival` (the same elements of both) never write one place twice, so two such writes whose
+  index elements differ do not race. At run time an index outside its dimension skips its row, and a
+  count above its cap is stored as the cap; both raise an error after the call (CapacityExceeded,
+  IndexOutOfRange), in the kernel and the reference alike.
+- **Valid rows**: past `upto count`, a tensor's elements are unspecified; an instance whose writes all
+  fall there does nothing (kernel and reference skip it), and results there are not compared.
 - **Topology**: ranks are numbered node by node; `node` and `local_rank` stand for `ir.RANK_PARTS` of
   the rank, wherever an expression is evaluated. A program that names the topology is proved at
   several nodes (`topologies`); how far each family's signal must reach follows from its waits there
@@ -29,6 +40,7 @@ Expressions are compiled once to Python lambdas with integer semantics (`//`, `%
 stay exact and `floor`/`cdiv` of indices floor, as they do in the generated kernels."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import itertools
@@ -48,6 +60,7 @@ WORLDS = (2, 3, 4)    # ranks of the one node every schedule is proved at
 NODE_TOPOLOGIES = ((2, 1), (2, 2), (3, 1))  # (nodes, ranks a node) a program that names the topology is proved at
 MAX_INSTANCES = 5000  # default_sizes keeps the instances of all ranks together under this
 MAX_MULTIPLE = 64     # default_sizes tries params = world * L * k for k up to this
+QUICK_SHARE = 4       # default_sizes takes the first sizes whose instances stay under this share of the bound
 GROUP_M = 8           # rows of product tiles taken together: 82% -> 99% of cuBLAS at 8192x2048x28672 (H200)
 
 
@@ -93,15 +106,57 @@ def topologies(schedule: ir.Schedule) -> tuple[Topology, ...]:
 
 def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
                   nodes: int = 1) -> dict[str, int]:
-    """Small values for the program's params at `world` ranks, for checking and emulation.
+    """Small values for the program's params at `world` ranks in `nodes` nodes, for checking and
+    emulation (`_small_sizes`), with every capacity at the worst case of the rows routed into it
+    (`_worst_case_capacities`)."""
+    small = _small_sizes(schedule, world, max_instances, nodes)
+    return _worst_case_capacities(schedule, world, small, max_instances, nodes)
+
+
+def _worst_case_capacities(schedule: ir.Schedule, world: int, sizes: dict[str, int], max_instances: int,
+                           nodes: int = 1) -> dict:
+    """`sizes` with each capacity param that caps a histogram raised, where it is lower, to the most rows
+    any routing puts in one bin: the rows of the routed ids where a row's ids can be distinct (top-k),
+    else all of them (DeepEP's num_worst_tokens). Random routings, as `tiledsl run` and the tests draw
+    them, then never exceed capacity at the default sizes. Unchanged where that breaks a launch condition
+    or the instance bound."""
+    topology = Topology.of(world, nodes)
+    values = {ir.size_symbol(n): v for n, v in {**schedule.consts, **sizes}.items()} | {
+        ir.WORLD: world, ir.NODES: topology.nodes, ir.LOCAL_WORLD: topology.local_world}
+    raised = dict(sizes)
+    for family in schedule.families.values():
+        for store in family.stores:
+            route, cap = store.value, schedule.tensors[store.target.tensor].cap
+            if not (isinstance(route, ir.Route) and route.func == "histogram" and isinstance(cap, sympy.Symbol)
+                    and cap.name in raised):
+                continue
+            try:
+                shape = [int(e.subs(values)) for e in route.source.shape]
+                bins = int(route.bins.subs(values))
+            except TypeError:  # a shape that depends on an index: no single worst case
+                continue
+            rows = math.prod(shape[:-1]) if shape and shape[-1] <= bins else math.prod(shape)
+            raised[cap.name] = max(raised[cap.name], rows)
+    if raised == sizes:
+        return sizes
+    fits = _conditions_hold(schedule, world, raised, nodes) and \
+        _total(schedule, world, raised, nodes) <= max_instances
+    return raised if fits else sizes
+
+
+def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int, nodes: int = 1) -> dict[str, int]:
+    """Small values for the program's params at `world` ranks in `nodes` nodes.
 
     Every param is set to world * L * k, with L the lcm of the consts and of the numbers in the launch
     conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
     the consts at their values, every index extent that depends on a param is at least 2, and all ranks
     together have at most `max_instances` instances. Where no k up to MAX_MULTIPLE gives that, L is cut
-    to what the conditions alone need (each param's own, where they differ), then each param gets a unit of its own (`_units`: what it is
-    divided by, so that batch and head counts stay small beside a sequence length that blocks divide),
-    and then two instances per index are no longer insisted on.
+    to what the conditions alone need (each param's own, where they differ), then each param gets a unit
+    of its own (`_units`: what it is divided by, so that batch and head counts stay small beside a
+    sequence length that blocks divide), and then two instances per index are no longer insisted on.
+    Sizes with two instances per index are taken from the first of those bases where they keep all
+    instances under max_instances / QUICK_SHARE (quick to check and emulate), else from the base where
+    they have the fewest.
     Raises ValueError when nothing meets the conditions within the bound (a condition on consts and
     world alone that fails at this world, say, or an index space that is large at any valid size)."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
@@ -120,6 +175,7 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
     # per family, which of its indices have an extent that a param sets: those must reach 2
     sized = {name: [bool({str(s) for s in sympy.sympify(e).free_symbols} & params) for _, e in family.indices]
              for name, family in schedule.families.items()}
+    found = []  # per base, its first multiple with two instances per index: (instances, sizes)
     for base in [*bases, units] if params else [0]:
         for k in range(1, MAX_MULTIPLE + 1 if params else 2):
             sizes = {p: (base[p] if isinstance(base, dict) else base) * k for p in schedule.params}
@@ -134,13 +190,26 @@ def default_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_IN
             if total > max_instances:
                 break  # larger multiples only have more instances
             if not too_few:
-                return sizes
+                found.append((total, sizes))
+                break
             if fallback is None:
                 fallback = sizes
+        if found and found[-1][0] <= max_instances // QUICK_SHARE:
+            return found[-1][1]
+    if found:
+        # no base's sizes are quick to check: the fewest instances (the cut base reaches two instances per
+        # index in ag_group_gemm at world 2 only at 66 experts and 4000 instances, the units at 2 and 56)
+        return min(found, key=lambda f: f[0])[1]
     if fallback is None:
         raise ValueError(f"no params meet the launch conditions at world {world} with at most "
                          f"{max_instances} instances")
     return fallback
+
+
+def _total(schedule, world: int, sizes: dict, nodes: int = 1) -> int:
+    """All ranks' instances together at `sizes`."""
+    return sum(math.prod(_extents(schedule, f, world, sizes, rank, nodes)) for f in schedule.families.values()
+               for rank in range(world))
 
 
 def _units(schedule: ir.Schedule, world: int) -> dict[str, int]:
@@ -391,6 +460,9 @@ class Access:
     # before clipping, per dimension: (smallest start, largest start, largest stop) over the loop variables
     reach: tuple[tuple[int, int, int], ...]
     node: int = -1                         # the node it happens at (Concrete.node_of); -1: the instance's
+    # a write through an id and its arrival: (the arrival instance that routed those ids, the box of
+    # index elements read); two such writes with one arrival and disjoint boxes never meet
+    through: tuple | None = None
 
     @property
     def empty(self) -> bool:
@@ -544,6 +616,7 @@ def instantiate(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes:
         _family_steps(done, family, values)
     for family in schedule.families.values() if accesses else ():  # without: instances and waits only
         _family_accesses(done, family, values)
+    _resolve_through(done)
     for number, edge in enumerate(schedule.edges):
         _edge_waits(done, number, edge, values)
     return done
@@ -561,6 +634,53 @@ def _family_instances(done: Concrete, family: ir.Family, values: tuple) -> None:
             done.order.append(keys(rank, *index))
         done.ranges[family.name].append(range(start, len(done.instances)))
         done.extents[family.name].append(extents)
+
+
+def ragged_count(tensors: dict, region: ir.Region):
+    """For a write into a tensor valid `upto` a count, with points before the ragged dimension and a
+    range there: (the count's element, the range's start). None for any other region."""
+    tensor = tensors[region.tensor]
+    if tensor.upto is None or region.rows is not None:
+        return None
+    prefix = len(tensors[tensor.upto].shape)
+    before, ragged = region.dims[:prefix], region.dims[prefix]
+    if any(d.kept for d in before) or not ragged.kept:
+        return None
+    owner = region.owner if region.owner is not None else ir.RANK
+    return ir.element(tensor.upto)(owner, *(d.start for d in before)), ragged.start
+
+
+def runs_when(schedule: ir.Schedule, family: ir.Family):
+    """When a tile instance does anything: not where each of its writes starts past the valid rows of
+    a tensor declared `upto` a count (those elements are unspecified). sympy.true for every other family."""
+    if family.kind is not ir.Kind.TILE:
+        return sympy.true
+    found = [ragged_count(schedule.tensors, r) for r in family.writes]
+    if not found or None in found:
+        return sympy.true
+    return sympy.Or(*(sympy.Lt(start, count) for count, start in found))
+
+
+ANY_RANK = ir.index_symbol("tds_any_rank")  # a rank read through a device value: each of them
+
+
+def at_capacity(schedule: ir.Schedule, region: ir.Region) -> tuple[sympy.Expr | None, tuple[tuple, ...]]:
+    """The region's owner and (start, size) per dimension with no device value left: every size at its
+    counts' caps, a point read through a device value the whole dimension, such a rank ANY_RANK."""
+    caps = {}
+    for value in ir.device_values(region.owner) | {v for d in region.dims for v in ir.device_values(d.size)}:
+        caps[value] = schedule.tensors[ir.value_tensor(value)].cap
+    owner = region.owner
+    if owner is not None and ir.device_values(owner):
+        owner = ANY_RANK
+    shape = schedule.tensors[region.tensor].shape
+    dims = []
+    for n, dim in enumerate(region.dims):
+        if ir.device_values(dim.start):
+            dims.append((sympy.Integer(0), shape[n]))
+        else:
+            dims.append((dim.start, dim.size.subs(caps) if caps else dim.size))
+    return owner, tuple(dims)
 
 
 def _family_steps(done: Concrete, family: ir.Family, values: tuple) -> None:
@@ -581,17 +701,20 @@ def _family_steps(done: Concrete, family: ir.Family, values: tuple) -> None:
 def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
     """Each region an instance reads or writes, at the node where it does (meaning's docstring), as
     the hull over the variables it runs along inside that node: a reduction's (`s` of sum(... for s in
-    world)) and an inner loop's of the tile's loop, whose extent may depend on the instance and step."""
-    hull = [s for s, _ in family.loops]
+    world)), an inner loop's of the tile's loop, whose extent may depend on the instance and step, and
+    ANY_RANK, a rank read through a device value. Regions are taken at capacity (`at_capacity`)."""
+    hull = [s for s, _ in family.loops] + [ANY_RANK]
     step_var = () if family.loop is None else (family.loop.var,)
     at_node = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices), *step_var)
     symbols = (*at_node, *hull)
-    hull_extents = compile_exprs(tuple(family.expand(e) for _, e in family.loops), at_node)
+    hull_extents = compile_exprs(tuple(family.expand(e) for _, e in family.loops) + (ir.WORLD,), at_node)
     regions = [(r, False) for r in family.reads] + [(r, True) for r in family.writes]
+    keyed = _keyed_writes(done.schedule, family)
     phases = family.phases or (None,) * len(regions)
     for (region, write), phase in zip(regions, phases):
-        exprs = tuple(family.expand(e) for e in (region.owner if region.owner is not None else ir.RANK,
-                                                 *(e for d in region.dims for e in (d.start, d.size))))
+        owner, dims = at_capacity(done.schedule, region)
+        exprs = tuple(family.expand(e) for e in (owner if owner is not None else ir.RANK,
+                                                 *(e for d in dims for e in d)))
         evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
         mentioned = set().union(*(sympy.sympify(e).free_symbols for e in exprs))
         hulled = any(s in mentioned for s in hull)
@@ -600,6 +723,8 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
         for rank in range(done.world):
             for position in done.ranges[family.name][rank]:
                 index = done.instances[position].index
+                # resolved once every family's accesses are known (`_resolve_through`)
+                through = (keyed[region], rank, index) if write and region in keyed else None
                 if phase is ir.Phase.STEP:  # one access per step, at that step's node
                     at = [((step,), done.step_node(position, step)) for step in range(done.steps(position))]
                 elif phase is ir.Phase.ENTRY:
@@ -609,7 +734,7 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                 for step, node in at:
                     if not hulled:  # one point: the common case, kept cheap (the checker runs it often)
                         owner, *dims = evaluate(rank, *index, *step, *((0,) * len(hull)))
-                        accesses.append(_box(position, region, write, owner, (dims,), shape, node))
+                        accesses.append(_box(position, region, write, owner, (dims,), shape, node, through))
                         continue
                     extents = hull_extents(*values, rank, *index, *step)
                     looped = [range(max(0, n)) if s in mentioned else range(1) for s, n in zip(hull, extents)]
@@ -618,16 +743,94 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                         owner, *dims = evaluate(rank, *index, *step, *loop_values)
                         by_copy.setdefault(owner, []).append(dims)
                     for copy, points in by_copy.items():
-                        accesses.append(_box(position, region, write, copy, points, shape, node))
+                        accesses.append(_box(position, region, write, copy, points, shape, node, through))
 
 
-def _box(position, region, write, copy, points, shape, node: int = -1) -> Access:
+def _keyed_writes(schedule: ir.Schedule, family: ir.Family) -> dict:
+    """For each gathered write of `family` through an id and its arrival (two point dimensions indexed by
+    ids[x] and slot[x] for the same elements x, where a tile stored slot = arrival(ids)), a function of
+    (concrete, rank, instance index) giving its `through` key, or None where no one arrival routed all
+    the elements it reads. None for a tile with a loop: its writes come after the loop, and a key per
+    instance is what is proved here."""
+    if family.loop is not None:
+        return {}
+    arrivals = {(s.value.source.tensor, s.target.tensor): name for name, f in schedule.families.items()
+                for s in f.stores if isinstance(s.value, ir.Route) and s.value.func == "arrival"}
+    indices = {s for s, _ in family.indices}
+    found = {}
+    for region in family.writes:
+        if region.rows is None:
+            continue
+        by_args = {}
+        for dim in region.dims:
+            for value in ir.device_values(dim.start):
+                rest = dim.start - value
+                if not ir.device_values(rest) and not rest.free_symbols & (indices | {ir.ROW}):
+                    by_args.setdefault(value.args, []).append(ir.value_tensor(value))
+        for args, tensors in by_args.items():
+            pair = next(((a, b) for a in tensors for b in tensors if (a, b) in arrivals), None)
+            if pair is not None and args[0] == ir.RANK:
+                index_region = next(r for r in family.reads if r.tensor == pair[0] and r.rows is None
+                                    and _reads_args(r, args))
+                found[region] = functools.partial(_through, arrivals[pair], pair[1], index_region, family)
+                break
+    return found
+
+
+def _resolve_through(done: "Concrete") -> None:
+    routed: dict = {}  # (router family, slot tensor, rank) -> [(arrival instance, lo, hi)] of its slot stores
+    for access in done.accesses:
+        if access.write:
+            routed.setdefault((done.instances[access.instance].family, access.region.tensor, access.copy),
+                              []).append((access.instance, access.lo, access.hi))
+    boxes: dict = {}
+    for n, access in enumerate(done.accesses):
+        if access.through is not None:
+            find, rank, index = access.through
+            if find not in boxes:
+                boxes[find] = find(done)
+            done.accesses[n] = dataclasses.replace(access, through=_covering(routed, find.args[:2], rank,
+                                                                             *boxes[find](rank, *index)))
+
+
+def _reads_args(region: ir.Region, args) -> bool:
+    """Whether `region` is the index region whose elements args (owner, *index over ROW) read."""
+    kept = [d for d in region.dims if d.kept]
+    return len(region.dims) == len(args) - 1 and len(kept) == 1 and all(
+        sympy.simplify(a - (d.start + ir.ROW if d.kept else d.start)) == 0 for a, d in zip(args[1:], region.dims))
+
+
+def _through(router: str, slot: str, index_region: ir.Region, family: ir.Family, done: "Concrete"):
+    """A function of (rank, *instance index) giving the box [lo, hi) of index elements a write reads."""
+    owner, dims = at_capacity(done.schedule, index_region)
+    symbols = (*size_symbols(done.schedule), ir.RANK, *(s for s, _ in family.indices))
+    values = _size_values(done.schedule, done.world, done.sizes, done.nodes)
+    evaluate = functools.partial(compile_exprs(tuple(family.expand(e) for d in dims for e in d), symbols), *values)
+    shape = done.shapes[index_region.tensor]
+
+    def box(rank: int, *index) -> tuple[tuple, tuple]:
+        found = evaluate(rank, *index)
+        lo = tuple(max(0, a) for a in found[0::2])
+        return lo, tuple(min(n, a + b) for n, a, b in zip(shape, found[0::2], found[1::2]))
+    return box
+
+
+def _covering(routed: dict, key: tuple, rank: int, lo: tuple, hi: tuple) -> tuple | None:
+    """The `through` key of a write whose index elements are the box [lo, hi): the arrival instance on
+    `rank` whose slot store covers it, or None where none does (then the write is not keyed)."""
+    for instance, slot_lo, slot_hi in routed.get((*key, rank), ()):
+        if all(a <= b and c <= d for a, b, c, d in zip(slot_lo, lo, hi, slot_hi)):
+            return instance, lo, hi
+    return None
+
+
+def _box(position, region, write, copy, points, shape, node: int = -1, through=None) -> Access:
     """The hull of a region over its loop variables' values, on one copy."""
     if len(points) == 1:
         starts = points[0][0::2]
         stops = [a + n for a, n in zip(starts, points[0][1::2])]
         return Access(position, region, write, copy, tuple([a if a > 0 else 0 for a in starts]),
-                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)), node)
+                      tuple(map(min, shape, stops)), tuple(zip(starts, starts, stops)), node, through)
     reach, lo, hi = [], [], []
     columns = list(zip(*points))  # per dimension, the column of its starts, then of its sizes
     for n, extent in enumerate(shape):
@@ -636,7 +839,7 @@ def _box(position, region, write, copy, points, shape, node: int = -1) -> Access
         reach.append((first, max(starts), stop))
         lo.append(max(0, first))
         hi.append(min(extent, stop))
-    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach), node)
+    return Access(position, region, write, copy, tuple(lo), tuple(hi), tuple(reach), node, through)
 
 
 def _edge_waits(done: Concrete, number: int, edge: ir.Edge, values: tuple) -> None:

@@ -170,6 +170,7 @@ def find_races(concrete: Concrete, before: list[int]):
         family = numpy.array([family_of[a.instance] for a in accesses])
         write = numpy.array([a.write for a in accesses])
         adds = numpy.array([a.region in adding[family_of[a.instance]] for a in accesses])
+        key, key_lo, key_hi = _through(accesses)
         writes = numpy.flatnonzero(write)
         step = max(1, (1 << 20) // len(accesses))  # bounds the pair matrices to about a million cells
         for at in range(0, len(writes), step):
@@ -179,6 +180,11 @@ def find_races(concrete: Concrete, before: list[int]):
                 clash &= (dim_lo[None] < dim_hi[w]) & (dim_lo[w] < dim_hi[None])
             clash &= ~write[None] | (numpy.arange(len(accesses))[None] > w)  # each pair of writes once
             clash &= ~(adds[None] & adds[w])
+            # writes through one arrival's ids and slots at different elements never meet (meaning.py)
+            apart = numpy.zeros_like(clash)
+            for dim_lo, dim_hi in zip(key_lo, key_hi):
+                apart |= (dim_lo[None] >= dim_hi[w]) | (dim_lo[w] >= dim_hi[None])
+            clash &= ~((key[None] >= 0) & (key[None] == key[w]) & apart)
             for row, other in zip(*numpy.nonzero(clash)):
                 first = int(w[row, 0])
                 a, b = int(who[first]), int(who[other])
@@ -188,6 +194,18 @@ def find_races(concrete: Concrete, before: list[int]):
                 reported[family[first], family[other]] = reported[family[other], family[first]] = True
                 yield ("race", frozenset((names[family[first]], names[family[other]]))), _race(
                     concrete, accesses[first], accesses[other])
+
+
+def _through(accesses: list[Access]):
+    """Per access: the arrival instance its write goes through (-1: none), and the box of index
+    elements it reads, as arrays per dimension (padded with one element that every box holds)."""
+    dims = max((len(a.through[1]) for a in accesses if a.through), default=0)
+    key = numpy.array([a.through[0] if a.through else -1 for a in accesses])
+    lo = numpy.array([list(a.through[1]) + [0] * (dims - len(a.through[1])) if a.through else [0] * dims
+                      for a in accesses]).reshape(len(accesses), dims).T
+    hi = numpy.array([list(a.through[2]) + [1] * (dims - len(a.through[2])) if a.through else [1] * dims
+                      for a in accesses]).reshape(len(accesses), dims).T
+    return key, lo, hi
 
 
 def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
@@ -210,7 +228,9 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                    tuple(map(max, write.lo, other.lo)), tuple(map(min, write.hi, other.hi)))
     message = f"{family_text(schedule, a.family)} {does} {tensor} while {family_text(schedule, b.family)} " \
               f"may still {may} it"
-    hint = f"add an edge: {a.family}[{', '.join(schedule.families[a.family].index_names)}] after {b.family}[...]"
+    indices = schedule.families[a.family].index_names
+    consumer = f"{a.family}[{', '.join(indices)}]" if indices else a.family  # `keep after ...`: no indices
+    hint = f"add an edge: {consumer} after {b.family}[...]"
     if a.family == b.family:
         message = (f"instances of {family_text(schedule, a.family)} "
                    f"{'both write' if other.write else 'read and write'} the same elements of {tensor}")

@@ -73,14 +73,17 @@ class TileBody:
             self.b.fail("a tile stores before or after its loop, not in it", assign.span,
                         hint="carry the value across the loop and store it after")
             return
-        region = self.v.region(target, self.scope, writing=True)
-        reads: list = []
+        reads: list = []  # a region written through an index (`Y[ids[...], :]`) reads the index
+        region = self.v.region(target, self.scope, writing=True, reads=reads)
         built = self.v.value(assign.value, self.scope, reads, self.loops)
         if region is None or built is None:
             return
         value, shape, dtype = built
-        if not self.v.fits(shape, region, assign.span):
+        if not self.v.routed(assign.value.span, value, region) or not self.v.fits(shape, region, assign.span):
             return
+        count = self.v.count_read(region)
+        if count is not None:  # the instance reads the count to know which of its rows are valid
+            reads.append(count)
         self.record(reads, phase)
         self.accesses.append((region, True, phase))
         out.append(ir.Store(region, value, dtype, region.shape))
@@ -95,6 +98,8 @@ class TileBody:
         if built is None:
             return
         value, shape, dtype = built
+        if not self.v.routed(assign.value.span, value, None):
+            return
         if phase is ir.Phase.STEP:
             self.step_locals.add(name.id)
         if isinstance(value, ir.Scalar) and not isinstance(value.value, float) and integral(dtype) \

@@ -7,6 +7,7 @@ import difflib
 
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
+from tiledsl.schedule.meaning import ragged_count
 from tiledsl.tables import BINARY, COMPARISONS, FUNCTIONS, INTEGER_CLOSED, NAMED, SPELLINGS
 
 INTEGER = "int32"  # the dtype of sizes, indices and masks' positions inside a tile
@@ -36,6 +37,42 @@ def shape_text(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
+def growing(size: sympy.Expr, value) -> bool:
+    """Whether `size` never shrinks as the device value grows: it appears only through sums, products by
+    positive numbers or sizes, min, max and floor, never subtracted (checked on the expression's form)."""
+    def polarity(e, sign: int) -> bool:
+        if e == value:
+            return sign > 0
+        if value not in e.atoms(type(value)):
+            return True
+        if isinstance(e, (sympy.Add, sympy.Min, sympy.Max)):
+            return all(polarity(a, sign) for a in e.args)
+        if isinstance(e, sympy.floor):
+            return polarity(e.args[0], sign)
+        if isinstance(e, sympy.Mul):
+            factors = [a for a in e.args if value not in a.atoms(type(value))]
+            inner = [a for a in e.args if value in a.atoms(type(value))]
+            coeff = sympy.Mul(*factors)
+            if len(inner) != 1 or not (coeff.is_positive or coeff.is_negative):
+                return False
+            return polarity(inner[0], sign if coeff.is_positive else -sign)
+        return False
+    return polarity(sympy.sympify(size), 1)
+
+
+def _routes(value) -> bool:
+    """Whether a value holds a routing function anywhere."""
+    if isinstance(value, ir.Route):
+        return True
+    if isinstance(value, ir.Map):
+        return any(_routes(a) for a in value.args)
+    if isinstance(value, ir.Reduce):
+        return _routes(value.body)
+    if isinstance(value, ir.Transpose):
+        return _routes(value.value)
+    return False
+
+
 def _children(e):
     if isinstance(e, ast.BinOp):
         return (e.left, e.right)
@@ -44,8 +81,6 @@ def _children(e):
     if isinstance(e, ast.Call):
         return e.args
     return ()
-
-
 class ValueBuilder:
     def __init__(self, builder):
         self.b = builder
@@ -54,7 +89,23 @@ class ValueBuilder:
         self.gone: dict[str, str] = {}  # names that no longer hold a value here, and why
 
     # ---- regions --------------------------------------------------------------------------------
-    def region(self, expr: ast.Expr, scope, writing: bool = False) -> ir.Region | None:
+    def region(self, expr: ast.Expr, scope, writing: bool = False, reads: list | None = None) -> ir.Region | None:
+        """The region `expr` names. Its slices and rank may read tensor elements (device values): the
+        regions they read are appended to `reads`."""
+        outer = scope
+        scope = scope.reading()
+        found = self._region(expr, scope, writing)
+        if found is None:
+            return None
+        found = self.device_valued(found, scope, expr)
+        if found is not None and scope.elements:
+            if reads is None or outer.elements is not None:
+                self.b.fail("this region cannot read a tensor element here", expr.span)
+                return None
+            reads.extend(scope.elements)
+        return found
+
+    def _region(self, expr: ast.Expr, scope, writing: bool) -> ir.Region | None:
         base, slices, owner = expr, (), None
         if isinstance(expr, ast.Subscript):
             base, slices = expr.base, expr.slices
@@ -112,6 +163,69 @@ class ValueBuilder:
             dims.append(dim)
         return ir.Region(tensor.name, owner, tuple(dims), expr.span)
 
+    def device_valued(self, region: ir.Region, scope, expr) -> ir.Region | None:
+        """Where device values may stand in a region, and its gathered rows. A size may read counts of a
+        `cap`ped tensor, growing with each (the checker proves the region at capacity, the largest it
+        gets); a point index and the rank may read elements of a gathered read (`ids[t*BT : +BT, k]`,
+        one per row); a range's start may not (a box the checker can bound)."""
+        rows = [size for size, _ in scope.rows]
+        if rows and not all(same(r, rows[0]) for r in rows[1:]):
+            self.b.fail(f"the gathered reads in this region have different lengths: {', '.join(map(str, rows))}",
+                        expr.span)
+            return None
+        for dim in region.dims:
+            for value in ir.device_values(dim.size):
+                if ir.ROW in value.free_symbols:
+                    self.b.fail("a size reads one element, not a gathered range", expr.span)
+                    return None
+                cap = self.b.tensors[ir.value_tensor(value)].cap
+                if cap is None:
+                    self.b.fail(f"a size read from '{ir.value_tensor(value)}' needs a bound: declare it with "
+                                f"`cap C`", expr.span, hint="the checker proves the schedule at that capacity")
+                    return None
+                if not growing(dim.size, value):
+                    self.b.fail(f"this size must grow with {ir.value_tensor(value)}[...] (sums, min and max of it, "
+                                "never subtracted): the checker proves it at capacity", expr.span)
+                    return None
+            if dim.kept and ir.device_values(dim.start):
+                self.b.fail("a range's start may not read a tensor element: use a point index (one per gathered "
+                            "row) or a size", expr.span)
+                return None
+        gathered = {v for d in region.dims for v in ir.device_values(d.start)} | ir.device_values(region.owner)
+        if rows and not any(ir.ROW in v.free_symbols for v in gathered):
+            self.b.fail("a gathered read must index a point of this region", expr.span)
+            return None
+        return ir.Region(region.tensor, region.owner, region.dims, region.span, rows[0] if rows else None)
+
+    def element(self, expr: ast.Subscript, scope) -> sympy.Expr | None:
+        """`got[e, s]` (one element, the same for the whole region) or `ids[t*BT : +BT, k]` (a gathered
+        read: one element per row) inside a region's slices: an application of the tensor's element
+        function, whose region is recorded as read."""
+        index = self._region(expr, scope.plain(), writing=False)
+        if index is None:
+            return None
+        tensor = self.b.tensors[index.tensor]
+        if not tensor.dtype.startswith(("int", "uint")):
+            self.b.fail(f"'{tensor.name}' is {tensor.dtype}: only integer tensors can give sizes and indices",
+                        expr.span)
+            return None
+        if tensor.role in (ir.Role.OUT, ir.Role.INOUT, ir.Role.LOCAL) and index.owner is not None:
+            self.b.fail(f"'{tensor.name}' is `{tensor.role.value}`: its elements cannot be read on another rank",
+                        expr.span)
+            return None
+        kept = [d for d in index.dims if d.kept]
+        if len(kept) > 1:
+            self.b.fail("a gathered read takes one range of the index tensor (one element per row)", expr.span)
+            return None
+        args = []
+        for dim in index.dims:
+            args.append(dim.start + ir.ROW if dim.kept else dim.start)
+        if kept:
+            scope.rows.append((kept[0].size, expr.span))
+        scope.elements.append(index)
+        owner = index.owner if index.owner is not None else ir.RANK
+        return ir.element(tensor.name)(owner, *args)
+
     def dim(self, piece, extent, scope) -> ir.Dim | None:
         if isinstance(piece, ast.Index):
             at = self.b.size(piece.at, scope)
@@ -131,7 +245,8 @@ class ValueBuilder:
         if size.is_number and size <= 0:
             self.b.fail(f"this slice is empty (size {size})", piece.span)
             return None
-        if size.free_symbols & set(scope.indices.values()):
+        static = size.subs({v: 0 for v in ir.device_values(size)})  # what the size is besides its device values
+        if static.free_symbols & set(scope.indices.values()):
             self.b.fail("a slice's size may not depend on an index (all instances move the same shape)",
                         piece.span)
             return None
@@ -139,8 +254,9 @@ class ValueBuilder:
 
     # ---- chunks ---------------------------------------------------------------------------------
     def chunk(self, decl: ast.ChunkDecl, scope, space, engine) -> ir.Family | None:
-        source = self.region(decl.source, scope)
-        target = self.region(decl.target, scope, writing=True)
+        elements: list = []
+        source = self.region(decl.source, scope, reads=elements)
+        target = self.region(decl.target, scope, writing=True, reads=elements)
         split = 1 if decl.split is None else self.b.constant(decl.split, scope, "split", of_consts=True)
         if source is None or target is None or split is None:
             return None
@@ -148,6 +264,13 @@ class ValueBuilder:
             self.b.fail(f"the chunk copies {shape_text(source.shape)} into {shape_text(target.shape)}", decl.span)
             return None
         src_t, dst_t = self.b.tensors[source.tensor], self.b.tensors[target.tensor]
+        if source.rows is not None or target.rows is not None:
+            self.b.fail("a chunk copies a box; gathered rows are read and written by tiles", decl.span)
+            return None
+        if dst_t.cap is not None and (src_t.cap is None or not same(src_t.cap, dst_t.cap)):
+            self.b.fail(f"'{dst_t.name}' holds counts up to {dst_t.cap}: a chunk may copy into it only from a tensor "
+                        f"with the same `cap`", decl.span, hint="a tile's store into it is checked instead")
+            return None
         if src_t.dtype != dst_t.dtype:
             self.b.fail(f"the chunk copies {src_t.dtype} into {dst_t.dtype}; chunks do not convert", decl.span,
                         hint="convert in a tile")
@@ -165,7 +288,7 @@ class ValueBuilder:
             self.b.fail("an nvshmem chunk puts data into another rank's copy (`X -> Y@r[...]`) or gets another "
                         "rank's copy into this rank's (`X@r[...] -> Y`)", decl.span)
             return None
-        reads = (source, target) if reduce else (source,)
+        reads = tuple(dict.fromkeys(((source, target) if reduce else (source,)) + tuple(elements)))
         return ir.Family(decl.name.id, ir.Kind.CHUNK, space, engine, reads, (target,), reduce=reduce,
                          split=split, span=decl.span)
 
@@ -185,6 +308,16 @@ class ValueBuilder:
         self.b.fail(f"the value has shape {shape_text(shape)} but its target "
                     f"'{target.tensor}' slice has {shape_text(target.shape)}", span)
         return False
+
+    def count_read(self, target: ir.Region) -> ir.Region | None:
+        """The count a store into a ragged region reads: the instance skips rows past it, so it reads the
+        count to know whether it has valid rows (meaning.ragged_count says which count bounds the region)."""
+        ragged = ragged_count(self.b.tensors, target)
+        if ragged is None:
+            return None
+        count = self.b.tensors[ir.value_tensor(ragged[0])]
+        return ir.Region(count.name, target.owner, tuple(
+            ir.Dim(i, sympy.Integer(1), False) for i in ir.value_index(ragged[0])), target.span)
 
     def sized(self, expr: ast.Expr, scope) -> bool:
         """Whether an expression is a size: integer arithmetic (+ - * / mod, cdiv, min, max) of sizes,
@@ -225,7 +358,7 @@ class ValueBuilder:
             size = self.b.size(expr, scope)
             return None if size is None else (ir.Scalar(size), (), INTEGER)
         if isinstance(expr, (ast.Name, ast.Subscript, ast.Peer)):
-            region = self.region(expr, scope)
+            region = self.region(expr, scope, reads=reads)
             if region is None:
                 return None
             reads.append(region)
@@ -312,7 +445,8 @@ class ValueBuilder:
         return ir.MatMul(a, b), (sa[0], sb[1]), FLOAT
 
     def broadcast(self, sa, sb, span):
-        """Trailing dimensions match, or one of them is 1 (a row statistic [m, 1] against [m, n])."""
+        """Trailing dimensions match, or one of them is 1 (a row statistic [m, 1] against [m, n]; a weight
+        per row [BT, 1] against a block [BT, BH]), as in torch."""
         if not sa:
             return sb
         if not sb:
@@ -332,8 +466,41 @@ class ValueBuilder:
                 return None
         return tuple(out)
 
+    def route(self, call: ast.Call, scope, reads, loops):
+        """histogram(ids, n) and arrival(ids, n): the routing of a region of ids to n groups."""
+        if len(call.args) != 2:
+            self.b.fail(f"{call.func}(ids, n) takes the ids and the number of groups", call.span)
+            return None
+        source = self.value(call.args[0], scope, reads, loops)
+        bins = self.b.size(call.args[1], scope.plain())
+        if source is None or bins is None:
+            return None
+        region = source[0].region if isinstance(source[0], ir.Load) else None
+        if region is None or region.rows is not None or region.owner is not None \
+                or not integral(self.b.tensors[region.tensor].dtype):
+            self.b.fail(f"{call.func}() routes a slice of a local integer tensor", call.args[0].span)
+            return None
+        shape = (bins,) if call.func == "histogram" else source[1]
+        return ir.Route(call.func, region, bins), shape, INTEGER
+
+    def routed(self, span, value, target: ir.Region | None) -> bool:
+        """histogram() and arrival() are whole stores into integer tensors (`target` None: a value named
+        in a tile's block, which they cannot be)."""
+        if not _routes(value):
+            return True
+        if not isinstance(value, ir.Route) or target is None:
+            self.b.fail("histogram() and arrival() are whole stores: `slot = arrival(ids, E)`", span)
+            return False
+        tensor = self.b.tensors[target.tensor]
+        if not integral(tensor.dtype) or target.rows is not None or target.owner is not None:
+            self.b.fail(f"{value.func}() stores into a box of a local integer tensor", target.span)
+            return False
+        return True
+
     def call(self, call: ast.Call, scope, reads, loops):
         func = call.func
+        if func in ir.ROUTES:
+            return self.route(call, scope, reads, loops)
         if func in ("rows", "cols"):
             return self.iota(call, scope)
         args = [self.value(a, scope, reads, loops) for a in call.args]
