@@ -12,7 +12,12 @@ Latency from 8 KB to 1 MB, bandwidth from 1 MB to 256 MB (bf16, the whole gather
 reduced tensor); per call with 20 calls back to back between two CUDA events, the median of the
 windows, the slowest rank's; algorithm bandwidth = bytes / time, and bus bandwidth as nccl-tests counts
 it ((world-1)/world of it for AllGather and ReduceScatter, twice that for AllReduce). Every tiledsl
-output is checked against NCCL's before it is timed: a wrong one is a FAIL line, left out, exit code 1."""
+output is checked against NCCL's before it is timed: a wrong one is a FAIL line, left out, exit code 1.
+
+The programs move a rank's share in pieces, each by its own program (PIECES, PUT_SMS, COPY_SMS); at 1,
+16 and 256 MB the same programs are also timed built as before the pieces (one program a copy: PIECES=1,
+8 programs a family) and with 16 warps a program (NVSHMEM's block puts use every thread of a program),
+so that one run shows what each change is worth. `variant` in the JSON rows names them."""
 import os
 import sys
 from pathlib import Path
@@ -30,6 +35,14 @@ PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 LATENCY_BYTES = [8 << 10 << 2 * n for n in range(4)]   # 8 KB .. 512 KB
 BANDWIDTH_BYTES = [1 << 20 << 2 * n for n in range(5)]  # 1 MB .. 256 MB
 COLS = 1024
+VARIANT_BYTES = [1 << 20, 16 << 20, 256 << 20]
+# variant: (consts per op, compile options); "pieces" is the programs as written
+VARIANTS = {
+    "one_piece": ({"allgather": {"PIECES": 1, "PUT_SMS": 8, "COPY_SMS": 8},
+                   "reduce_scatter": {"PIECES": 1, "PUT_SMS": 8},
+                   "allreduce": {"PUT_SMS": 8}}, {}),
+    "warps16": ({}, {"num_warps": 16}),
+}
 
 
 def rows_for(nbytes: int, world: int) -> int:
@@ -95,25 +108,30 @@ def main() -> int:
     torch.manual_seed(rank)  # every rank its own data: a sum of equal copies hides a rank read twice
     heap = open_heap()
     verdicts = Verdicts()
-    programs = {op: tiledsl.compile(PROGRAMS / f"hier_{op}.tds", heap)
-                for op in ("allgather", "reduce_scatter", "allreduce")}
+    ops = ("allgather", "reduce_scatter", "allreduce")
+    programs = {op: tiledsl.compile(PROGRAMS / f"hier_{op}.tds", heap) for op in ops}
+    variants = {(name, op): tiledsl.compile(PROGRAMS / f"hier_{op}.tds", heap, **options, **consts.get(op, {}))
+                for name, (consts, options) in VARIANTS.items() for op in ops}
     rows = {"allgather": allgather_row, "reduce_scatter": reduce_scatter_row, "allreduce": allreduce_row}
     if rank == 0:
         print(f"world {world} as {heap.topology} ranks (TILEDSL_NODES={os.environ.get('TILEDSL_NODES', 'unset')}); "
               "times in ms per call, back to back; bandwidth in GB/s", flush=True)
     results = []
-    for op, row_of in rows.items():
-        for nbytes in LATENCY_BYTES + BANDWIDTH_BYTES:
-            row = {**row_of(programs[op], nbytes, world, verdicts), "world": world,
-                   "nodes": heap.topology.nodes}
-            row.update(bandwidths(row, world))
-            results.append(row)
-            if rank == 0:
-                kind = "latency" if nbytes in LATENCY_BYTES else "bandwidth"
-                print(f"{op:<15} {kind:<9} {row['bytes']:>10} B: tiledsl {row['tiledsl']:.4f} ms "
-                      f"({row['tiledsl_busbw']:.0f} GB/s bus), nccl {row['nccl']:.4f} ms "
-                      f"({row['nccl_busbw']:.0f} GB/s bus), nccl/tiledsl {row['nccl'] / row['tiledsl']:.2f}x",
-                      flush=True)
+    runs = [(op, "pieces", nbytes) for op in rows for nbytes in LATENCY_BYTES + BANDWIDTH_BYTES]
+    runs += [(op, name, nbytes) for op in rows for name in VARIANTS for nbytes in VARIANT_BYTES]
+    for op, variant, nbytes in runs:
+        program = programs[op] if variant == "pieces" else variants[variant, op]
+        row = {**rows[op](program, nbytes, world, verdicts), "world": world, "nodes": heap.topology.nodes,
+               "variant": variant}
+        row.update(bandwidths(row, world))
+        results.append(row)
+        if rank == 0:
+            kind = "latency" if nbytes in LATENCY_BYTES else "bandwidth"
+            kind = kind if variant == "pieces" else variant
+            print(f"{op:<15} {kind:<9} {row['bytes']:>10} B: tiledsl {row['tiledsl']:.4f} ms "
+                  f"({row['tiledsl_busbw']:.0f} GB/s bus), nccl {row['nccl']:.4f} ms "
+                  f"({row['nccl_busbw']:.0f} GB/s bus), nccl/tiledsl {row['nccl'] / row['tiledsl']:.2f}x",
+                  flush=True)
     if rank == 0:
         save(f"nodes_world{world}", {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                      "topology": str(heap.topology), "wrong": verdicts.wrong, "rows": results})

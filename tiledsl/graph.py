@@ -177,7 +177,7 @@ def _family_node(family: ir.Family, text: _SourceText, selfwaits: list[str]) -> 
     engine = family.engine.kind.value
     if family.engine.kind is not ir.EngineKind.COPY_ENGINE:
         engine += f"({'rest' if family.engine.programs is None else family.engine.programs})"
-    extras = [f"split {family.split}"] if family.split > 1 else []
+    extras = [f"split {family.split}"] if family.split != 1 else []
     extras += [f"reduce {family.reduce}"] if family.reduce else []
     lines = [f"on {' '.join([engine, *extras])}"]
     reads = sorted({r.tensor for r in family.reads})

@@ -53,8 +53,10 @@ def collective_shapes(nbytes: int, size: int, world: int):
 
 
 def gemm_shapes(world):
-    """(M, K, N): square, and ragged (K and N no tile divides; M whole row tiles a rank, as required)."""
-    return [(4096, 4096, 4096), (world * 384, 1000, 1000)]
+    """(M, K, N): square, and ragged (K and N no tile divides; M whole row tiles a rank, as required).
+    hier_gemm_rs splits K by ranks and reads A's rows through TMA, which needs rows of a multiple of 16
+    bytes: each rank's share of K is 488 (bf16 rows of 976 bytes, ragged against BK = 64 and 128)."""
+    return [(4096, 4096, 4096), (world * 384, world * 488, 1000)]
 
 
 def allgather_check(heap, world, rows, cols, dtype):

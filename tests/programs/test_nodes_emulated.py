@@ -30,17 +30,20 @@ CALLS = 2
 # (world, nodes): 2 nodes x 2 ranks, 2 x 1, 1 x 4, and 3 x 1 (`mod nodes` arithmetic two nodes would hide)
 TOPOLOGIES = [(4, 2), (2, 2), (4, 1), (3, 3)]
 SMALL = {"BM": 16, "BN": 32}
+# the two-level programs move a rank's rows in PIECES parts: 3, which the rows below do not divide, so
+# that the last part is short (the defaults, 16 and 64 parts, keep the interpreter busy for minutes)
+PIECES = {"PIECES": 3}
 # program: (its inputs' shapes, its params at a world, consts, its one-level counterpart). Sizes no tile
 # divides where the launch conditions allow; small tiles, so that the GEMMs have several a rank.
 CASES = {
-    "hier_allgather": (lambda w, M, N: {"X": (M // w, N)}, lambda w: {"M": w * 37, "N": 45}, {}, "allgather"),
-    "hier_reduce_scatter": (lambda w, M, N: {"X": (M, N)}, lambda w: {"M": w * 45, "N": 300}, {},
+    "hier_allgather": (lambda w, M, N: {"X": (M // w, N)}, lambda w: {"M": w * 37, "N": 45}, PIECES, "allgather"),
+    "hier_reduce_scatter": (lambda w, M, N: {"X": (M, N)}, lambda w: {"M": w * 45, "N": 300}, PIECES,
                             "reduce_scatter"),
     "hier_allreduce": (lambda w, N: {"X": (N,)}, lambda w: {"N": 3001}, {"BLOCK": 256}, "allreduce_two_shot"),
     "hier_ag_gemm": (lambda w, M, K, N: {"A": (M // w, K), "B": (K, N)}, lambda w: {"M": w * 32, "K": 104, "N": 40},
-                     SMALL, "ag_gemm"),
+                     {**SMALL, **PIECES}, "ag_gemm"),
     "hier_gemm_rs": (lambda w, M, K, N: {"A": (M, K), "B": (K, N)}, lambda w: {"M": w * 32, "K": 104, "N": 40},
-                     {**SMALL, "BR": 16}, "gemm_rs_pull"),
+                     {**SMALL, **PIECES, "BR": 16}, "gemm_rs_pull"),
 }
 # A get across nodes, whose producer's notify is an NVSHMEM signal: every rank ends with the rows of
 # the ranks of its local rank on every node, Y[m] = X on rank m*local_world + local_rank.
@@ -123,7 +126,8 @@ def runs():
             names.append((name, None))
             expected[name] = want
             if nodes == 1:  # one node: the one-level program on the same inputs
-                jobs.append((os.fspath(PROGRAMS / f"{twin}.tds"), consts, calls, outs))
+                twin_consts = {k: v for k, v in consts.items() if k not in PIECES}  # a one-level program has none
+                jobs.append((os.fspath(PROGRAMS / f"{twin}.tds"), twin_consts, calls, outs))
                 names.append((name, twin))
         calls = [_inputs({"X": (40, 50)}, world, generator) for _ in range(CALLS)]
         jobs.append((COLUMN_GATHER, {}, calls, {"Y": (nodes, 40, 50)}))
@@ -344,13 +348,16 @@ def test_tiledsl_trace_stamps_every_instance_of_a_two_level_program_on_two_nodes
     the node; each stamped once, its waits inside its span. A one-node program is refused on two nodes."""
     from tiledsl.cli import main
     from tiledsl.runtime import timeline
-    found = timeline.trace_emulated(os.fspath(PROGRAMS / "hier_allgather.tds"), 4, {"M": 4 * 37, "N": 45}, nodes=2)
+    # two parts a copy (each part is stamped, as it is signalled, alone), so that the interpreter is quick
+    source = (PROGRAMS / "hier_allgather.tds").read_text()
+    assert "PIECES = 64" in source
+    found = timeline.trace_emulated(source.replace("PIECES = 64", "PIECES = 2"), 4, {"M": 4 * 37, "N": 45}, nodes=2)
     counts = {}
     for e in found:
         counts[e.rank, e.family] = counts.get((e.rank, e.family), 0) + 1
         assert e.start_us <= e.waited_us <= e.end_us, e
-    # across[m in nodes], mine[m in nodes], pull[k in local_world - 1, m in nodes]
-    assert counts == {(r, f): 2 for r in range(4) for f in ("across", "mine", "pull")}
+    # across[m in nodes], mine[m in nodes], pull[k in local_world - 1, m in nodes], each in 2 parts
+    assert counts == {(r, f): 2 * 2 for r in range(4) for f in ("across", "mine", "pull")}
     assert main(["trace", os.fspath(PROGRAMS / "allgather.tds"), "--world", "2", "--nodes", "2",
                  "-o", os.fspath(tmp_path / "t")]) == 1
     err = capsys.readouterr().err

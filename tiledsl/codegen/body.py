@@ -223,6 +223,8 @@ class Wait:
     slot: sympy.Expr
     exists: sympy.Expr                                  # sympy.true where the instance always exists
     shmem: bool = False                                 # NVSHMEM writes the slot: its own wait follows
+    # a `split` producer's parts: slots slot .. slot + parts - 1, all waited on in one vector read
+    parts: int = 1
 
     @property
     def guard_in_loop(self) -> bool:

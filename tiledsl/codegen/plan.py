@@ -9,6 +9,7 @@ What runs, in which order and what each edge waits for is the schedule's meaning
 sympy expressions and small records, never code; the templates print it (`render.py`)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from dataclasses import dataclass, field
@@ -206,6 +207,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
         if name in schedule.tunables and value not in schedule.tunables[name]:
             raise LoweringError(f"{name}={value} is not one of its choices {list(schedule.tunables[name])}")
     _check_program_counts(schedule, consts)
+    schedule = _resolve_splits(schedule, consts)
     kernel = let_names(schedule)
     cross_rank = {e.producer for e in schedule.edges if e.ranks is not ir.RankSet.LOCAL}
     reach = meaning.notify_reach(schedule)
@@ -351,13 +353,10 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
         instance = sympy.Integer(0)
         for i, (_, extent) in zip(index, producer.indices):
             instance = instance * kernel(extent) + i
+        # the producer's parts are consecutive slots, read at once (sync.wait_parts)
         slot = kernel(writer) * _slots(producer, kernel) + instance * producer.split
-        if producer.split > 1:
-            part = ir.index_symbol("tds_wpart")
-            loops.append((part, sympy.Integer(producer.split)))
-            slot += part
         yield Wait(number, source_line(schedule, edge.span), producer.name, tuple(loops), slot,
-                   kernel(target.exists), shmem)
+                   kernel(target.exists), shmem, producer.split)
 
 
 def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
@@ -450,6 +449,15 @@ def _lets_used(schedule: ir.Schedule, family: Family, kernel) -> tuple[tuple[sym
 
 
 # ---- host side -------------------------------------------------------------------------------------
+
+def _resolve_splits(schedule: ir.Schedule, consts: dict[str, int]) -> ir.Schedule:
+    """The schedule with every `split` a number: a split written over consts (`split PIECES`) takes the
+    values built. The meaning does not depend on it (an instance is complete when all its parts are)."""
+    if all(isinstance(f.split, int) for f in schedule.families.values()):
+        return schedule
+    families = {name: dataclasses.replace(f, split=f.parts(consts)) for name, f in schedule.families.items()}
+    return dataclasses.replace(schedule, families=families)
+
 
 def _check_program_counts(schedule: ir.Schedule, consts: dict[str, int]) -> None:
     """The checker proved the program counts fit on the GPU with the consts' defaults; counts that

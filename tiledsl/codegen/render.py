@@ -79,11 +79,14 @@ def slot_code(expr, family) -> str:
 def wait_call(wait: body.Wait, family, indent: str) -> str:
     """The wait on a slot, its diagnostics within three lines of the call: a slot too long for that goes
     on a line of its own first."""
-    helper = "wait_shmem" if wait.shmem else "wait"  # a slot NVSHMEM writes: its own wait follows
+    # a slot NVSHMEM writes: its own wait follows; a split producer's parts: all read at once
+    helper = ("wait_parts" if wait.parts > 1 else "wait") + ("_shmem" if wait.shmem else "")
+    parts = f", PARTS={wait.parts}, BLOCK={1 << (wait.parts - 1).bit_length()}" if wait.parts > 1 else ""
 
     def call(slot: str) -> str:
         return wrap(f"{indent}tds_sync.{helper}(tds_sig_{wait.producer} + {slot}, tds_epoch, diag=tds_diag, "
-                    f"max_spins=tds_max_spins, rank=rank, edge={wait.edge}, instance={slot_code(INSTANCE, family)})")
+                    f"max_spins=tds_max_spins, rank=rank, edge={wait.edge}, instance={slot_code(INSTANCE, family)}"
+                    f"{parts})")
     slot = slot_code(wait.slot, family)
     text = call(slot)
     if "diag=tds_diag" in "\n".join(text.splitlines()[:3]):

@@ -62,6 +62,29 @@ def wait_slow(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance):
 
 
 @triton.jit
+def wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    """Until each of the PARTS slots from `sig_ptr` (the parts of one instance of a `split` producer)
+    holds `epoch`. One vector read of them all in the common case, not PARTS reads one after another:
+    a copy in 64 parts would otherwise spend 64 round trips to memory before each of its own parts.
+    Past `max_spins` reads, each part's own wait records which one is missing."""
+    lanes = tl.arange(0, BLOCK)
+    inside = lanes < PARTS
+    slots = sig_ptr + tl.minimum(lanes, PARTS - 1)
+    seen = tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
+    least = tl.min(tl.where(inside, seen, epoch), axis=0)
+    spins = 0
+    while (least < epoch) & (spins < max_spins):
+        seen = tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
+        least = tl.min(tl.where(inside, seen, epoch), axis=0)
+        spins += 1
+        if tl.load(diag, volatile=True) != 0:
+            spins = max_spins  # another wait already timed out: the call is lost, stop spinning
+    if least < epoch:
+        for part in range(0, PARTS):
+            wait(sig_ptr + part, epoch, diag, max_spins, rank, edge, instance)
+
+
+@triton.jit
 def report(diag_ptr, rank, site, bad, element, value, bound):
     """A device value past its bound (runtime/guards.py): where `bad` holds, the first element (the
     smallest flat offset) is recorded in the diagnostics as guard `site`, with its value and the bound,
@@ -225,6 +248,7 @@ if EMULATED:
     get = copy_get
     signal = copy_signal
     wait_shmem = wait       # the stand-ins store through shared memory, which the spin reads
+    wait_parts_shmem = wait_parts
     fence_async = no_fence  # the interpreter runs no PTX, and has one proxy
 else:
     fence_async = proxy_fence
@@ -247,6 +271,16 @@ else:
         nbytes = nelems.to(tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
         if nbytes > 0:
             nvshmem_device.getmem_block(dst_ptr, here, nbytes, pe)
+
+    @triton.jit
+    def wait_parts_shmem(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS, BLOCK)
+        # as wait_shmem, for every part at once: each thread calls NVSHMEM's wait on its lanes' slots
+        slots = sig_ptr + tl.minimum(tl.arange(0, BLOCK), PARTS - 1)
+        seen = tl.atomic_add(slots, 0, sem="acquire", scope="sys")
+        if tl.min(seen, axis=0) >= epoch:
+            nvshmem_device.signal_wait_until(slots, nvshmem_device.NVSHMEM_CMP_GE, epoch)
 
     @triton.jit
     def wait_shmem(sig_ptr, epoch, diag, max_spins, rank, edge, instance):

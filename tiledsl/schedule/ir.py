@@ -227,7 +227,9 @@ class Family:
     writes: tuple[Region, ...]
     stores: tuple[Store, ...] = ()           # tiles: what each instance computes
     reduce: str | None = None                # chunks: "add" accumulates into the target
-    split: int = 1                           # chunks: parts of one instance, signalled separately
+    # chunks: parts of one instance, signalled separately; an expression of consts (`split PIECES`) until
+    # the plan resolves it with the consts built (`parts`)
+    split: int | sympy.Expr = 1
     order: tuple[sympy.Expr, ...] = ()       # sort keys over the indices, rank and world
     # variables other than the indices that regions mention (`s` in sum(... for s in world)), with extents
     loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
@@ -237,6 +239,12 @@ class Family:
     body: tuple[Statement, ...] = ()
     # with a loop: when each of `reads + writes` happens; empty without one
     phases: tuple[Phase, ...] = ()
+
+    def parts(self, consts: dict[str, int]) -> int:
+        """The parts of one instance (`split`) with these const values."""
+        if isinstance(self.split, int):
+            return self.split
+        return int(self.split.subs({size_symbol(k): v for k, v in consts.items()}))
 
     @property
     def index_names(self) -> tuple[str, ...]:

@@ -257,7 +257,7 @@ class ValueBuilder:
         elements: list = []
         source = self.region(decl.source, scope, reads=elements)
         target = self.region(decl.target, scope, writing=True, reads=elements)
-        split = 1 if decl.split is None else self.b.constant(decl.split, scope, "split")
+        split = 1 if decl.split is None else self.b.constant(decl.split, scope, "split", of_consts=True)
         if source is None or target is None or split is None:
             return None
         if len(source.shape) != len(target.shape) or not all(map(same, source.shape, target.shape)):
