@@ -241,7 +241,8 @@ def main() -> int:
             with torch.cuda.graph(graph):
                 program(X, check=False)
         except LaunchError as error:
-            assert "call it once with these tensors before capturing" in str(error), str(error)
+            assert "call it once with tensors of these shapes, dtypes and strides before capturing" in str(error), \
+                str(error)
             return
         raise AssertionError("a capture without a warm-up call was not refused by name")
     record("user CUDA graph without a warm-up call is refused by name", capture_without_warm_up)
