@@ -69,8 +69,10 @@ def choose(op_name: str, p: Problem, impl: str | None = None, tune: bool | None 
         return found
 
     if impl is not None:
-        not_applicable = refusals()
         path = _path(by_name, impl, op)
+        # torch's path runs every call: forced, it pays for no other path's refusals (a baseline timed
+        # through impl="torch" measured the refusals of every fused path as well, on the host)
+        not_applicable = refusals() if path is not paths[0] else {}
         if path.name in not_applicable:
             raise ValueError(f"{op.name}: {path.name} cannot run this call: {not_applicable[path.name]}")
         forced = tuning.Decision(op.name, op.bucket(p), path.name, "forced",
