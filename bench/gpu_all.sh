@@ -9,7 +9,7 @@
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
 #                                        the two-level programs on GPUs posing as TILEDSL_NODES=2 nodes)
 # Logs and JSON go to $OUT (or bench/results/); a short table is printed last. With PACK=FILE.tgz
-# they are also packed into one file after every stage (the device returns at most 8 files, and a
+# they are also packed into one file after every run (the device returns at most 8 files, and a
 # command stopped at its time limit still returns what was packed). WORLDS=4 picks the worlds run
 # (default: 4 and 2 on four or more GPUs, else all of them); COLLECTIVE_WORLDS likewise for collectives.
 # The exit status is 0 only if every stage exited 0 and no log of this run holds a FAIL line; every
@@ -49,6 +49,11 @@ run() {  # name, timeout, command...
   fi
   if [ "$rc" -ne 0 ] || [ "$fails" -ne 0 ]; then status=1; fi
   rows+=("$(printf '%-28s %5s %5s %5s %5s' "$name" "$rc" "$passes" "$fails" "$((SECONDS - began))")")
+  pack  # after every run, not only every stage: a call cut inside a stage keeps the runs that finished
+}
+pack() {
+  [ -n "${PACK:-}" ] && (cd "$OUT" && find . -type f -newer .started -print0 | tar czf "$PACK" --null -T -)
+  return 0
 }
 for stage in $stages; do
   case $stage in
@@ -101,7 +106,7 @@ for stage in $stages; do
       run "nodes_mlp_world$w" 120 env TILEDSL_NODES=2 torchrun --nproc-per-node="$w" examples/nodes_mlp.py ;;
     *) echo "unknown stage $stage"; status=1; rows+=("$(printf '%-28s %5s' "$stage" "?")") ;;
   esac
-  [ -n "${PACK:-}" ] && (cd "$OUT" && find . -type f -newer .started -print0 | tar czf "$PACK" --null -T -)
+  pack
 done
 echo "== summary"
 printf '%s' "$failures"
