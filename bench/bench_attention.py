@@ -45,7 +45,10 @@ DECODE_HEADS, DECODE_KV_HEADS = 64, 8
 # a spilling kernel); it now gets 8 warps. The tile alone also as Triton's fused-attention tutorial
 # builds it on Hopper: 128 query rows on 8 warps, 3 stages, BN 64 or 128 (128 spills 176 bytes at
 # sm_90 on this codegen), and the causal loop split into whole blocks and masked diagonal blocks.
-SP_VARIANTS = {"BM128_BN64": ({"BM": 128, "BN": 64}, {})}
+# The SP program at BM=128 BN=64 was wrong again and timed out on the GPU with 8 warps (run 4 of
+# 2026-12-01, bench/NOTES.md): left out of the timings, which it stopped, until it passes
+# tests/gpu/attention_checks.py (which keeps checking it). Put it back here with {"BM": 128, "BN": 64}.
+SP_VARIANTS: dict = {}
 TILE_VARIANTS = {
     "BM128_BN64": ("attention_local", {"BM": 128, "BN": 64}, {}),
     "BM128_BN64_3stages": ("attention_local", {"BM": 128, "BN": 64}, {"num_stages": 3}),
