@@ -259,7 +259,14 @@ def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INS
             moved[p] = sizes[p] + 1 + free
             free += 1
             continue
-        limit = 2 * math.lcm(1, *schedule.consts.values(), world)
+        # the conditions that name p repeat with a period dividing world times the lcm of their consts
+        # and numbers (M / world a multiple of BM: world * BM); the other conditions hold already, and
+        # consts no condition on p names cannot matter (flash_decode's SMS = 132 and MINKEYS = 512 made
+        # the search 33792 steps long)
+        naming = [c.holds for c in schedule.conditions if p in {x.name for x in c.holds.free_symbols}]
+        named = {x.name for h in naming for x in h.free_symbols}
+        numbers = [int(a) for h in naming for a in h.atoms(sympy.Integer) if a > 1]
+        limit = 2 * world * math.lcm(1, *(v for k, v in schedule.consts.items() if k in named), *numbers)
         step = next((d for d in range(1, limit + 1)
                      if _conditions_hold(schedule, world, {**sizes, p: sizes[p] + d}, nodes)), None)
         if step is not None:
