@@ -60,7 +60,7 @@ def _rank(heap, name: str, consts: dict, sizes: dict, release: bool):
         if release:
             program.release()
     scrubbed = all(v is None for t in program._templates.values()
-                   for k, v in t.kernel_args.items() if k in {a.name for a in program._caller_args()})
+                   for k, v in t.kernel_args.items() if k in {a.name for a in program._caller_args})
     heap.close()
     return worst, len(prepared), program._staging, scrubbed
 

@@ -11,6 +11,7 @@ legal serialisation of the same schedule, since every edge points forward in tha
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -269,9 +270,10 @@ class Program(Issuing):
              t.data_ptr() if self.heap is not None and self.heap.owns(t) else t.data_ptr() % 16 == 0)
             for n, t in tensors.items())
 
+    @functools.cached_property
     def _caller_args(self) -> list:
         """The kernel arguments that follow a caller tensor's address (the tensor, its TMA descriptor, the
-        offsets from it to the peers' staged copies)."""
+        offsets from it to the peers' staged copies): fixed by the module, worked out once."""
         callers = {t.name for t in self.callers}
         return [a for a in self.module.tds_ARGS if a.of in callers and a.kind in (
             Kind.TENSOR, Kind.DESCRIPTOR, Kind.PEERS, Kind.SHMEM)]
@@ -282,7 +284,7 @@ class Program(Issuing):
         so a functional op's fresh output costs no preparation, and it can be recorded into the caller's
         CUDA graph."""
         args = dict(template.kernel_args)
-        for arg in self._caller_args():
+        for arg in self._caller_args:
             args[arg.name] = self._kernel_arg(arg, template.env, None, tensors, template.shared, template.barrier)
         # a heap tensor read in place has the template's address (the binding key holds it): not staged
         staged = [(copy, tensors[name]) for name, copy in template.shared.items()
@@ -301,7 +303,7 @@ class Program(Issuing):
     def _scrub(self, call: "PreparedCall") -> None:
         """Drop a template's references to its caller tensors (a rebinding puts new ones in): released, it
         keeps no caller memory alive."""
-        names = [a.name for a in self._caller_args()]
+        names = [a.name for a in self._caller_args]
         call.kernel_args.update(dict.fromkeys(names, None))
         call.staged = []
         call.copies = dict.fromkeys(call.copies, [])  # which families copy stays known; their views go
