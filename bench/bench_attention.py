@@ -374,13 +374,14 @@ def main() -> int:
         programs[f"attention_local_{label}"] = tiledsl.compile(experiments / f"{name}.tds", heap, **consts, **options)
     decode = DecodePrograms(heap)
     rows = []
-    for B, tokens in PREFILL:
+    only = os.environ.get("ATTENTION_ONLY", "")  # "prefill" or "decode": one half, to fit a short call
+    for B, tokens in PREFILL if only in "prefill" else ():
         rows.append(prefill_row(programs, B, tokens, rank, world, verdicts))
         if rank == 0:
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
         for program in programs.values():
             program.release()
-    for B in DECODE_BATCHES:
+    for B in DECODE_BATCHES if only in "decode" else ():
         for C in DECODE_KV:
             rows.append(decode_row(decode, B, C, world, verdicts))
             if rank == 0:

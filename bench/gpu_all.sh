@@ -26,6 +26,7 @@ echo "gpus: $gpus; $(python3 -c 'import torch, triton; print("torch", torch.__ve
 [ -n "${CHECKS_ONLY:-}" ] && echo "CHECKS_ONLY=$CHECKS_ONLY: the checks run only what matches it"
 worlds="$gpus"; [ "$gpus" -ge 4 ] && worlds="$gpus 2"
 worlds=${WORLDS:-$worlds}
+pair=2; [ "$gpus" -lt 2 ] && pair=1  # the stages made for world 2 run at world 1 on a one-GPU machine
 status=0
 rows=()      # the summary table, one row a stage
 failures=""  # every FAIL line of this run, prefixed with its stage
@@ -71,22 +72,22 @@ for stage in $stages; do
         run "collectives_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_collectives.py
       done ;;
     attention)  # sequence-parallel prefill and distributed decode: checks, then benchmarks
-      for w in ${ATTENTION_WORLDS:-2}; do
+      for w in ${ATTENTION_WORLDS:-$pair}; do
         run "attention_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/attention_checks.py
         run "attention_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_attention.py
       done ;;
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     trace) run trace_world2 330 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
     ops)  # tiledsl.ops on the GPU: every path, dtype and issue-14 shape; user graphs; torch.compile; teardown
-      run ops_checks_world2 400 torchrun --nproc-per-node=2 tests/gpu/ops_checks.py
-      run teardown_world2 300 python3 tests/gpu/teardown_check.py ;;
+      run "ops_checks_world$pair" 400 torchrun --nproc-per-node="$pair" tests/gpu/ops_checks.py
+      run "teardown_world$pair" 300 python3 tests/gpu/teardown_check.py ;;
     block)  # the tuner's promise against the torch path, and the tensor-parallel decoder layer both ways
-      run ops_world2 300 torchrun --nproc-per-node=2 bench/bench_ops.py
-      run tp_block_8b_world2 300 torchrun --nproc-per-node=2 examples/tp_block.py --size llama3-8b
-      run tp_block_70b_world2 300 torchrun --nproc-per-node=2 examples/tp_block.py --size llama3-70b ;;
+      run "ops_world$pair" 300 torchrun --nproc-per-node="$pair" bench/bench_ops.py
+      run "tp_block_8b_world$pair" 300 torchrun --nproc-per-node="$pair" examples/tp_block.py --size llama3-8b
+      run "tp_block_70b_world$pair" 300 torchrun --nproc-per-node="$pair" examples/tp_block.py --size llama3-70b ;;
     moe)  # the MoE programs at world 2: checks against torch, then the benchmark against torch's paths
-      run moe_checks_world2 300 torchrun --nproc-per-node=2 tests/gpu/moe_checks.py
-      run moe_world2 300 torchrun --nproc-per-node=2 bench/bench_moe.py ;;
+      run "moe_checks_world$pair" 300 torchrun --nproc-per-node="$pair" tests/gpu/moe_checks.py
+      run "moe_world$pair" 300 torchrun --nproc-per-node="$pair" bench/bench_moe.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do
