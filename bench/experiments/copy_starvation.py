@@ -68,6 +68,14 @@ def trial(name, issue, sms):
     print(f"{name:44s} {verdict:36s} {took * 1e3:8.1f} ms", flush=True)
 
 
+def graph_trial(name, graph, sms):
+    """As trial, the copy replayed from a CUDA graph on a side stream."""
+    def issue(side):
+        with torch.cuda.stream(side):
+            graph.replay()
+    trial(name, issue, sms)
+
+
 def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()}: {sms} SMs; every SM filled with two 1024-thread CTAs", flush=True)
@@ -92,6 +100,13 @@ def main():
     trial("cuMemcpyAsync 256 MB within the GPU", raw(out, big, big.numel() * 4), sms)
     trial("torch copy_ strided within the GPU", torch_copy, sms)
     trial("cuMemcpy2DAsync strided within the GPU", lambda s: memcpy2d(into, grid[:, :1024], s), sms)
+    # tiledsl replays a call's copies from a CUDA graph: the same copies as graph memcpy nodes
+    for name, op in (("graph: cuMemcpyAsync 4 B within the GPU", raw(slot, cell, 4)),
+                     ("graph: cuMemcpyAsync 256 MB within the GPU", raw(out, big, big.numel() * 4))):
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.graph(graph, stream=side):
+            op(side)
+        graph_trial(name, graph, sms)
     if torch.cuda.device_count() > 1:
         torch.cuda.set_device(1)
         peer = torch.empty_like(big)
