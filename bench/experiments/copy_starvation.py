@@ -50,10 +50,10 @@ def memcpy2d(dst: torch.Tensor, src: torch.Tensor, stream):
     check(driver.cuMemcpy2DAsync(p, driver.CUstream(stream.cuda_stream)), "cuMemcpy2DAsync")
 
 
-def trial(name, issue, sms):
+def trial(name, issue, sms, priority=0):
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
     seen = torch.zeros(1, dtype=torch.int32, device="cuda")
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream(priority=priority)
     torch.cuda.synchronize()
     began = time.perf_counter()
     spin[(2 * sms,)](flag, seen, 1 << 22, num_warps=32)
@@ -107,6 +107,29 @@ def main():
         with torch.cuda.graph(graph, stream=side):
             op(side)
         graph_trial(name, graph, sms)
+    # as tiledsl issues them: on a stream of high priority (-1), and between buffers of NVSHMEM's heap
+    trial("priority -1: cuMemcpyAsync 4 B", raw(slot, cell, 4), sms, priority=-1)
+    trial("priority -1: cuMemcpyAsync 256 MB", raw(out, big, big.numel() * 4), sms, priority=-1)
+    try:
+        import torch.distributed as dist
+        import os
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(2 << 30))
+        dist.init_process_group("nccl")
+        from tiledsl.runtime.heap import disable_multicast, open_heap
+        disable_multicast()
+        heap = open_heap()
+        a, b = heap.alloc((64 << 20,), torch.float32), heap.alloc((64 << 20,), torch.float32)
+        a.normal_()
+        c, d = heap.alloc((64,), torch.int32), heap.alloc((64,), torch.int32)
+        c.fill_(1)
+        for priority in (0, -1):
+            trial(f"heap, priority {priority}: cuMemcpyAsync 4 B", raw(d[5:6], c[:1], 4), sms, priority)
+            trial(f"heap, priority {priority}: 4 B from a torch tensor", raw(d[7:8], cell, 4), sms, priority)
+            trial(f"heap, priority {priority}: cuMemcpyAsync 256 MB", raw(b, a, a.numel() * 4), sms, priority)
+        heap.close()
+    except Exception as error:  # noqa: BLE001 - the heap's trials are a side note
+        print(f"heap trials not run: {type(error).__name__}: {error}", flush=True)
     if torch.cuda.device_count() > 1:
         torch.cuda.set_device(1)
         peer = torch.empty_like(big)
