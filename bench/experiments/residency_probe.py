@@ -9,6 +9,7 @@ occupancy API, from the compiled kernel's registers and shared memory).
 
     torchrun --nproc-per-node=1 bench/experiments/residency_probe.py
 """
+import os
 import sys
 from pathlib import Path
 
@@ -55,14 +56,24 @@ def trial(label, program, call):
     except Exception as error:  # noqa: BLE001 - the verdict
         verdict = f"FAILED at call {n}: {type(error).__name__}: {str(error)[:160]}"
     if dist.get_rank() == 0:
-        print(f"{label:48s} {verdict}; {occupancy(program)}", flush=True)
+        print(f"{label:48s} {verdict}; {occupancy(program)}; copies: {copies(program)}", flush=True)
+
+
+def copies(program) -> str:
+    """How the prepared calls' copy-engine chunks are issued: raw cuMemcpyAsync, or torch's copy_."""
+    kinds = {"raw": 0, "torch copy_": 0}
+    for call in program._calls.values():
+        for op in getattr(call.copy_list, "_ops", []) if call.copy_list is not None else []:
+            kinds["raw" if op[1] is not None else "torch copy_"] += 1
+    return ", ".join(f"{n} {k}" for k, n in kinds.items())
 
 
 def main():
     _, world, heap = start(5)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
-    for grid in (sms, sms - 1, sms - 2, sms - 4):
+    grids = [int(g) for g in os.environ.get("GRIDS", "").split(",") if g] or [sms, sms - 1, sms - 2, sms - 4]
+    for grid in grids:
         program = tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap, D=128, BM=128, BN=64,
                                   num_sms=grid)
         B, P, H, HKV = 2, 2048, 32, 8
@@ -78,7 +89,7 @@ def main():
     C = int(torch.bincount(ids.flatten().long(), minlength=E).max()) * world
     G = torch.empty(world, E, C, N, **bf16)
     count = torch.empty(world, E, device="cuda", dtype=torch.int32)
-    for grid in (sms, sms - 4):
+    for grid in grids[:1] + grids[-1:]:
         program = tiledsl.compile(ROOT / "programs" / "ag_group_gemm.tds", heap, num_sms=grid)
         trial(f"ag_group_gemm Mixtral, {grid} programs", program,
               lambda check, p=program: p(A=A, ids=ids, B=Bw, G=G, count=count, check=check))
