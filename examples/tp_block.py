@@ -212,6 +212,19 @@ def _timed(step, iters: int, graphs: bool) -> tuple[float, object, str]:
     return start.elapsed_time(end) / 1e3 / iters, out, how
 
 
+def _profile(step, label: str) -> None:
+    """The GPU kernels of three steps, by total time (TP_BLOCK_PROFILE=1): where a path's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"profile of 3 steps, {label}:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+
+
 def run(config: Config, group, device, dtype, batch: int, seq: int, decode_batches, kv_len: int, iters: int,
         graphs: bool) -> list[dict]:
     """Each phase with each way of communicating: rows of (phase, tokens, time, tokens/s, agreement)."""
@@ -221,6 +234,8 @@ def run(config: Config, group, device, dtype, batch: int, seq: int, decode_batch
     layer = DecoderLayer(config, world, rank, device, dtype)
     generator = torch.Generator(device).manual_seed(1 + rank)
     comms = [TorchComm(group), TiledslComm(group)]
+    if os.environ.get("TP_BLOCK_TILEDSL_FIRST"):  # to tell an effect of the order of timing from one of the path
+        comms.reverse()
     rows = []
     x = torch.randn(seq // world, batch, config.hidden, generator=generator, device=device).to(dtype)
     phases = [("prefill", batch, batch * seq, lambda comm: layer.prefill(x, comm), graphs)]
@@ -233,10 +248,13 @@ def run(config: Config, group, device, dtype, batch: int, seq: int, decode_batch
         outputs, row = [], {"phase": phase, "batch": b, "tokens": tokens}
         for comm in comms:
             seconds, out, how = _timed(lambda: step(comm), iters, graphed and phase == "decode")
+            if os.environ.get("TP_BLOCK_PROFILE") and out.device.type == "cuda":
+                _profile(lambda: step(comm), f"{phase} batch {b}, {comm.name}")
             outputs.append(out.float())
             row[comm.name] = {"ms": seconds * 1e3, "tokens_per_s": tokens / seconds, "timed": how}
-        want = outputs[0]
-        row["max_rel_diff"] = ((outputs[1] - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
+        want = outputs[[c.name for c in comms].index(TorchComm.name)]
+        mine = outputs[[c.name for c in comms].index(TiledslComm.name)]
+        row["max_rel_diff"] = ((mine - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
         rows.append(row)
     return rows
 
@@ -281,7 +299,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     parser.add_argument("--batch", type=int, default=1, help="prefill sequences")
     parser.add_argument("--seq", type=int, default=8192, help="prefill sequence length")
-    parser.add_argument("--decode-batch", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--decode-batch", type=int, nargs="*", default=[1, 8, 32, 128])
     parser.add_argument("--kv-len", type=int, default=4096, help="decode KV cache length")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--no-graphs", action="store_true", help="time decode eagerly, not in CUDA graphs")

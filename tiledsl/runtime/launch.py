@@ -423,7 +423,7 @@ class Program(Issuing):
             return roles, 1
         for f in kernel:
             roles[f"tds_RUN_{f.name}"] = f.name not in self.skip
-        num_sms = self.num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
+        num_sms = self.num_sms or self._default_programs()
         for f in kernel:
             if f.programs is not None:
                 programs = max(1, min(f.programs, counts[f.name] * f.split))
@@ -434,6 +434,17 @@ class Program(Issuing):
         for f in shared:
             roles.update({f"tds_START_{f.name}": start, f"tds_PROGRAMS_{f.name}": rest})
         return roles, start + (rest if shared else 0)
+
+    def _default_programs(self) -> int:
+        """Programs of a kernel when the caller names none: one an SM, and one fewer where copy-engine
+        chunks feed the kernel's waits. On one H200, two kernels of one program an SM with waits on
+        copy-engine chunks (sp_ag_attention at BM=128, ag_group_gemm at Mixtral's size) timed out at
+        their first call with 132 programs, every time, and ran with 131 (the copies were plain
+        cuMemcpyAsync, and copies beside a kernel filling every SM made progress in isolation:
+        bench/experiments/copy_starvation.py, residency_probe.py; bench/NOTES.md, session 12)."""
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        feeds = any(f.engine == "copy_engine" for f in self.module.tds_FAMILIES)
+        return max(1, sms - 1) if feeds else sms
 
     def _options(self, env) -> dict:
         try:  # emulated there is no shared memory (and bf16 runs as fp32 there, on the blocks chosen for bf16)
