@@ -155,7 +155,9 @@ class DecoderLayer:
         positions = torch.arange(S, device=x.device)
         q, k = rotate(q, positions), rotate(k, positions)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        attn = attn.transpose(1, 2).flatten(-2).transpose(0, 1)                             # [S, B, h*d]
+        # contiguous, as a model hands it on: torch's matmul of this transposed view ran as a batched
+        # GEMM of S products of one row each (nvjet 512x8 tiles, 30 ms of a 38 ms layer at LLaMA-3-8B)
+        attn = attn.transpose(1, 2).flatten(-2).transpose(0, 1).contiguous()                # [S, B, h*d]
         x = x + comm.matmul_reduce_scatter(attn, self.w_o)
         h = rms_norm(x, self.norm_mlp, self.config.eps)
         return x + self.mlp(h, comm, comm.all_gather_matmul, comm.matmul_reduce_scatter)
