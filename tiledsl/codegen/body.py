@@ -225,6 +225,9 @@ class Wait:
     shmem: bool = False                                 # NVSHMEM writes the slot: its own wait follows
     # a `split` producer's parts: slots slot .. slot + parts - 1, all waited on in one vector read
     parts: int = 1
+    # `*` over the producer's last indices: slots slot .. slot + span - 1 (parts included), waited on a
+    # vector at a time (sync.wait_span); None where the wait names one instance's slots
+    span: sympy.Expr | None = None
 
     @property
     def guard_in_loop(self) -> bool:

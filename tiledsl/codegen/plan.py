@@ -350,13 +350,34 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
             loops.append((writer, ir.WORLD))
         elif target.over is not None:  # `@ (r for s in n)`: one wait on each of those ranks
             loops.append((target.over[0], kernel(target.over[1])))
+        # `*` over the producer's last indices names consecutive slots (the last index varies fastest):
+        # one ranged wait reads them a vector at a time (sync.wait_span) instead of one loop step each,
+        # which cost every GEMM tile of ag_group_gemm one round trip per pack instance
+        span = sympy.Integer(1)
+        trailing = _trailing_stars(target.index, loops, target.exists) if not shmem else 0
+        for n in range(len(producer.indices) - trailing, len(producer.indices)):
+            span = span * kernel(producer.indices[n][1])
+            loops.remove((index[n], kernel(producer.indices[n][1])))
+            index[n] = sympy.Integer(0)
         instance = sympy.Integer(0)
         for i, (_, extent) in zip(index, producer.indices):
             instance = instance * kernel(extent) + i
         # the producer's parts are consecutive slots, read at once (sync.wait_parts)
         slot = kernel(writer) * _slots(producer, kernel) + instance * producer.split
         yield Wait(number, source_line(schedule, edge.span), producer.name, tuple(loops), slot,
-                   kernel(target.exists), shmem, producer.split)
+                   kernel(target.exists), shmem, producer.split, span * producer.split if trailing else None)
+
+
+def _trailing_stars(mapped: tuple, loops: list, exists) -> int:
+    """How many of the producer's last indices an edge names with `*` (and its existence test does not
+    read): their instances are consecutive slots."""
+    used = sympy.sympify(exists).free_symbols
+    count, star = 0, iter(reversed([var for var, _ in loops[:sum(m is None for m in mapped)]]))
+    for m in reversed(mapped):
+        if m is not None or next(star) in used:
+            break
+        count += 1
+    return count
 
 
 def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:

@@ -76,15 +76,21 @@ def slot_code(expr, family) -> str:
     return kernel_code(expr, renames(family))
 
 
+SPAN_BLOCK = 1024  # slots a ranged wait reads at once: a pack family of 3072 instances in 3 reads
+
+
 def wait_call(wait: body.Wait, family, indent: str) -> str:
     """The wait on a slot, its diagnostics within three lines of the call: a slot too long for that goes
     on a line of its own first."""
     # a slot NVSHMEM writes: its own wait follows; a split producer's parts: all read at once
     helper = ("wait_parts" if wait.parts > 1 else "wait") + ("_shmem" if wait.shmem else "")
     parts = f", PARTS={wait.parts}, BLOCK={1 << (wait.parts - 1).bit_length()}" if wait.parts > 1 else ""
+    count = ""
+    if wait.span is not None:  # consecutive slots, a runtime count of them, read SPAN_BLOCK at a time
+        helper, parts, count = "wait_span", f", BLOCK={SPAN_BLOCK}", f"{slot_code(wait.span, family)}, "
 
     def call(slot: str) -> str:
-        return wrap(f"{indent}tds_sync.{helper}(tds_sig_{wait.producer} + {slot}, tds_epoch, diag=tds_diag, "
+        return wrap(f"{indent}tds_sync.{helper}(tds_sig_{wait.producer} + {slot}, {count}tds_epoch, diag=tds_diag, "
                     f"max_spins=tds_max_spins, rank=rank, edge={wait.edge}, instance={slot_code(INSTANCE, family)}"
                     f"{parts})")
     slot = slot_code(wait.slot, family)

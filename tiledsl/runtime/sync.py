@@ -85,6 +85,30 @@ def wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.
 
 
 @triton.jit
+def wait_span(sig_ptr, count, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
+    """Until each of the `count` consecutive slots from `sig_ptr` (`*` over a producer's last indices:
+    every pack tile of one rank, say) holds `epoch`: BLOCK of them a read, so that a GEMM tile after
+    3072 pack tiles makes 3 round trips to memory, not 3072. Past `max_spins` reads of a block, each of
+    its slots' own wait records which one is missing."""
+    lanes = tl.arange(0, BLOCK)
+    for first in range(0, count, BLOCK):
+        inside = first + lanes < count
+        slots = sig_ptr + first + lanes
+        seen = tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
+        least = tl.min(tl.where(inside, seen, epoch), axis=0)
+        spins = 0
+        while (least < epoch) & (spins < max_spins):
+            seen = tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
+            least = tl.min(tl.where(inside, seen, epoch), axis=0)
+            spins += 1
+            if tl.load(diag, volatile=True) != 0:
+                spins = max_spins  # another wait already timed out: the call is lost, stop spinning
+        if least < epoch:
+            for slot in range(first, tl.minimum(first + BLOCK, count)):
+                wait(sig_ptr + slot, epoch, diag, max_spins, rank, edge, instance)
+
+
+@triton.jit
 def report(diag_ptr, rank, site, bad, element, value, bound):
     """A device value past its bound (runtime/guards.py): where `bad` holds, the first element (the
     smallest flat offset) is recorded in the diagnostics as guard `site`, with its value and the bound,
