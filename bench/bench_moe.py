@@ -135,7 +135,7 @@ def ep_row(heap, world, T, verdicts, group):
 
 # ---- the grouped GEMM tile alone -----------------------------------------------------------------
 
-def group_gemm_row(heap, world, model, N, K, E, topk, verdicts, use_torch):
+def group_gemm_row(heap, world, model, N, K, E, topk, verdicts, use_torch, consts=None):
     rows_in_all, N_local = AG_M * topk, N // world
     counts = torch.full((E,), rows_in_all // E // 16 * 16, device="cuda")
     counts[: (rows_in_all - int(counts.sum())) // 16] += 16  # the rest, 16 rows at a time
@@ -145,10 +145,10 @@ def group_gemm_row(heap, world, model, N, K, E, topk, verdicts, use_torch):
     G = torch.full((E, C, N_local), NAN, device="cuda", dtype=BF16)
     rows = compact(P, counts)
     want = base.grouped_mm(rows.float(), B.float(), counts, False)
-    program = tiledsl.compile(PROGRAMS / "group_gemm.tds", heap)
+    program = tiledsl.compile(PROGRAMS / "group_gemm.tds", heap, **(consts or {}))
     count32 = counts.to(torch.int32)
     row = {"op": "group_gemm", "model": model, "rows": int(counts.sum()), "N": N_local, "K": K, "E": E, "C": C,
-           "torch_grouped": "torch._grouped_mm" if use_torch else "loop of matmuls"}
+           "torch_grouped": "torch._grouped_mm" if use_torch else "loop of matmuls", **(consts or {})}
     row["tiledsl"] = timed(verdicts, f"group_gemm {model}", lambda check: program(count=count32, P=P, B=B, G=G,
                                                                                    check=check),
                            lambda: compact(G, counts), want, program.check)
@@ -161,18 +161,18 @@ def group_gemm_row(heap, world, model, N, K, E, topk, verdicts, use_torch):
 
 # ---- tensor parallelism: AllGather + grouped GEMM, grouped GEMM + ReduceScatter --------------------
 
-def ag_row(heap, world, model, N, K, E, topk, verdicts, use_torch):
+def ag_row(heap, world, model, N, K, E, topk, verdicts, use_torch, consts=None):
     T, N_local = AG_M // world, N // world
     A = torch.randn(T, K, device="cuda", dtype=BF16)
     ids = uniform_ids(T, topk, E)
     B = torch.randn(E, K, N_local, device="cuda", dtype=BF16) * K ** -0.5
     C = capacity(torch.bincount(ids.flatten().long(), minlength=E))
     want = base.ag_group_gemm_sequential(A.float(), ids, B.float(), world, False)
-    program = tiledsl.compile(PROGRAMS / "ag_group_gemm.tds", heap)
+    program = tiledsl.compile(PROGRAMS / "ag_group_gemm.tds", heap, **(consts or {}))
     G = torch.full((world, E, C, N_local), NAN, device="cuda", dtype=BF16)
     count = torch.empty(world, E, device="cuda", dtype=torch.int32)
     row = {"op": "ag_group_gemm", "model": model, "M": AG_M, "N": N_local, "K": K, "E": E, "topk": topk, "C": C,
-           "torch_grouped": "torch._grouped_mm" if use_torch else "loop of matmuls"}
+           "torch_grouped": "torch._grouped_mm" if use_torch else "loop of matmuls", **(consts or {})}
     row["tiledsl"] = timed(verdicts, f"ag_group_gemm {model}",
                            lambda check: program(A=A, ids=ids, B=B, G=G, count=count, check=check),
                            lambda: compact(G, count), want, program.check)

@@ -4,6 +4,7 @@
 #                                        ops (tiledsl.ops checks, teardown) block (ops vs torch, tp_block)
 #                                        attention (SP prefill and decode: checks, then benchmarks, at
 #                                        ATTENTION_WORLDS, default 2) moe (MoE checks and benchmark, world 2)
+#                                        moe_speed (group_gemm and ag_group_gemm at world 1, block variants)
 #                                        nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
@@ -88,6 +89,8 @@ for stage in $stages; do
     moe)  # the MoE programs at world 2: checks against torch, then the benchmark against torch's paths
       run "moe_checks_world$pair" 300 torchrun --nproc-per-node="$pair" tests/gpu/moe_checks.py
       run "moe_world$pair" 300 torchrun --nproc-per-node="$pair" bench/bench_moe.py ;;
+    moe_speed)  # the grouped GEMM and AG + grouped GEMM alone, at world 1, the blocks side by side
+      run moe_speed_world1 240 torchrun --nproc-per-node=1 bench/experiments/moe_speed.py ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do
