@@ -31,8 +31,9 @@ TOLERANCE = 1e-5  # float32 against float64, relative to the output's largest ma
 CALLS = 2
 WORLDS = (2, 3, 4)
 # small tiles: several instances along every index at these sizes (BK's choices are 64 and 128)
-EP_TILES = {"BT": 8, "BH": 8}
-GEMM_TILES = {"BM": 16, "BN": 16, "BT": 8}
+# BR = BT: the ids are numbered by several route tiles, each after counting the ids before its rows
+EP_TILES = {"BT": 8, "BH": 8, "BR": 8}
+GEMM_TILES = {"BM": 16, "BN": 16, "BT": 8, "BR": 8}
 
 
 @dataclass(frozen=True)

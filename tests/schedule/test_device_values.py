@@ -220,10 +220,10 @@ def test_a_tile_past_the_valid_rows_reads_its_count_so_must_wait_for_it():
 # ---- the MoE programs at sizes richer than the default ones ---------------------------------------
 
 RICH = {
-    "moe_dispatch": ({"T": 9, "H": 5, "K": 3, "E": 2, "C": 7}, {"BT": 4, "BH": 2}),
-    "moe_combine": ({"T": 9, "H": 5, "K": 3, "E": 2, "C": 7}, {"BT": 4, "BH": 2}),
-    "ag_group_gemm": ({"T": 9, "D": 5, "N": 5, "K": 3, "E": 2, "C": 5}, {"BM": 2, "BN": 2, "BT": 4}),
-    "moe_gemm_rs": ({"T": 9, "I": 5, "N": 5, "K": 3, "E": 2, "C": 5}, {"BM": 2, "BN": 2, "BT": 4}),
+    "moe_dispatch": ({"T": 9, "H": 5, "K": 3, "E": 2, "C": 7}, {"BT": 4, "BH": 2, "BR": 4}),
+    "moe_combine": ({"T": 9, "H": 5, "K": 3, "E": 2, "C": 7}, {"BT": 4, "BH": 2, "BR": 4}),
+    "ag_group_gemm": ({"T": 9, "D": 5, "N": 5, "K": 3, "E": 2, "C": 5}, {"BM": 2, "BN": 2, "BT": 4, "BR": 4}),
+    "moe_gemm_rs": ({"T": 9, "I": 5, "N": 5, "K": 3, "E": 2, "C": 5}, {"BM": 2, "BN": 2, "BT": 4, "BR": 4}),
 }
 
 

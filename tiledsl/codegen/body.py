@@ -334,6 +334,11 @@ class Scan:
     site: int
     cap: sympy.Expr | None = None
     cap_site: int | None = None
+    # a part of the arrival (`arrival(ids, n)[b*BR : +BR, :]`): its elements are first .. stop-1 of the
+    # region in row-major order; the elements before it are only counted (a histogram per pass)
+    first: sympy.Expr | None = None
+    stop: sympy.Expr | None = None
+    count_step: int = 1024  # elements a pass only counts at a time (tl.histogram)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ def capacity_report(tile, place: Place, value, cap) -> Report:
 
 
 STEP = 64         # ids a routing scan takes at a time: a [STEP, groups] block of int32 per step
+COUNT_STEP = 1024  # ids a scan only counts at a time (a histogram, the ids before a part): tl.histogram
 MAX_GROUPS = 128  # groups one pass of a scan counts; more groups take more passes over the ids
 
 
@@ -159,12 +160,39 @@ def route_body(tile) -> TileBody:
             cap = k(tile.schedule.tensors[histogram.target.tensor].cap)
             cap_site = tile.sites.add(guards.CAPACITY, histogram.target.tensor, histogram.target.tensor)
         site = tile.sites.add(guards.INDEX, source.tensor, f"{'histogram' if histogram else 'arrival'}()")
+        first, size = _part(family.name, arrival.value.part if arrival else None, kept)
+        if first is not None and histogram is not None:
+            raise LoweringError(f"tile '{family.name}': a part of an arrival is stored without a histogram of the "
+                                "same ids (each part's tile would store it whole)")
         out.append(Scan(_copy_place(tile.schedule, source, k), k(sympy.Mul(*kept)),
                         k(kept[1]) if len(kept) == 2 else None, k(bins), groups, STEP,
-                        None if arrival is None else _copy_place(tile.schedule, arrival.target, k),
+                        None if arrival is None else _copy_place(tile.schedule, _from_region(arrival), k),
                         None if histogram is None else _clipped(_copy_place(tile.schedule, histogram.target, k), k(bins)),
-                        site, cap, cap_site))
+                        site, cap, cap_site, None if first is None else k(first),
+                        None if size is None else k(sympy.Min(first + size, sympy.Mul(*kept))), COUNT_STEP))
     return TileBody(tuple(out), None, None, tuple(tile.blocks))
+
+
+def _from_region(store) -> ir.Region:
+    """An arrival's target, placed by the element's position in the whole region (the scan's rows and
+    columns): a part's target starts where the part does."""
+    part = store.value.part
+    if part is None:
+        return store.target
+    shift = iter(part)
+    dims = tuple(dataclasses.replace(d, start=d.start - next(shift).start) if d.kept else d for d in store.target.dims)
+    return dataclasses.replace(store.target, dims=dims)
+
+
+def _part(name: str, part, kept: list) -> tuple:
+    """(first element, elements) of a part of an arrival, row-major over the region: a block of whole
+    rows (or of a 1-D region), so that its elements are consecutive."""
+    if part is None:
+        return None, None
+    if len(part) == 2 and not (part[1].start == 0 and sympy.simplify(part[1].size - kept[1]) == 0):
+        raise LoweringError(f"tile '{name}': a part of an arrival takes whole rows of the ids: `[a : +m, :]`")
+    cols = kept[1] if len(part) == 2 else 1
+    return part[0].start * cols, part[0].size * cols
 
 
 def _clipped(place: Place, size: sympy.Expr) -> Place:

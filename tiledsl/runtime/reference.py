@@ -238,7 +238,11 @@ class Reference:
         for n, group in enumerate(flat.tolist()):
             arrival[n] = seen[group]
             seen[group] += 1
-        return arrival.reshape(ids.shape).double()
+        arrival = arrival.reshape(ids.shape)
+        if value.part is not None:  # a box of the whole region's numbering
+            arrival = arrival[tuple(slice(max(0, evaluate(d.start, env)), max(0, evaluate(d.start + d.size, env)))
+                                    for d in value.part)]
+        return arrival.double()
 
     def check_cap(self, region: ir.Region, env: dict, rank: int, value: torch.Tensor) -> None:
         """A tile's store into a capped tensor: every value at most the cap."""

@@ -128,7 +128,8 @@ def value_text(value: ir.Value) -> str:
     if isinstance(value, ir.Reduce):
         return f"{value.op}({value_text(value.body)} for {value.var} in {value.extent})"
     if isinstance(value, ir.Route):
-        return f"{value.func}({region_text(value.source)}, {value.bins})"
+        part = "" if value.part is None else "[" + ", ".join(f"{d.start} : +{d.size}" for d in value.part) + "]"
+        return f"{value.func}({region_text(value.source)}, {value.bins}){part}"
     if isinstance(value, ir.Local):
         return value.name
     if isinstance(value, ir.Iota):

@@ -112,10 +112,20 @@ class Route:
     """Routing of a region of integer ids to `bins` groups (a tile's whole store): `histogram` is the
     number of elements holding each value 0..bins-1, shape [bins]; `arrival` is, for each element, the
     number of elements before it (row-major) holding the same value, the region's shape. Together, an
-    id and its arrival name each element once: a write through both never writes one place twice."""
+    id and its arrival name each element once: a write through both never writes one place twice.
+    `arrival(ids, n)[a : +m, :]` (`part`, a box of the region's shape) is that box of the arrival of
+    the whole region: instances that store parts of one arrival still number each element once, and
+    each computes its part from the counts of the elements before it, so the parts run in parallel."""
     func: str  # "histogram" or "arrival"
     source: Region
     bins: sympy.Expr
+    part: tuple[Dim, ...] | None = None  # over the source's kept dimensions; None: the whole arrival
+
+    @property
+    def shape(self) -> tuple[sympy.Expr, ...]:
+        if self.func == "histogram":
+            return (self.bins,)
+        return tuple(d.size for d in self.part) if self.part is not None else self.source.shape
 
 
 ROUTES = ("histogram", "arrival")

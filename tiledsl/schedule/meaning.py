@@ -786,18 +786,34 @@ def _keyed_writes(schedule: ir.Schedule, family: ir.Family) -> dict:
 
 def _resolve_through(done: "Concrete") -> None:
     routed: dict = {}  # (router family, slot tensor, rank) -> [(arrival instance, lo, hi)] of its slot stores
+    sources = _arrival_sources(done.schedule)
+    numbering: dict = {}  # (router family, rank, box of the ids it numbers) -> the first instance storing it
     for access in done.accesses:
+        family = done.instances[access.instance].family
         if access.write:
-            routed.setdefault((done.instances[access.instance].family, access.region.tensor, access.copy),
+            routed.setdefault((family, access.region.tensor, access.copy),
                               []).append((access.instance, access.lo, access.hi))
+        elif access.region in sources.get(family, ()):
+            # instances storing parts of one arrival (`arrival(ids, n)[b*BR : +BR, :]`) number the same ids
+            # once between them: one key, so that writes through different parts are told apart too
+            key = (family, done.instances[access.instance].rank, access.copy, access.lo, access.hi)
+            numbering.setdefault(access.instance, numbering.setdefault(key, access.instance))
     boxes: dict = {}
     for n, access in enumerate(done.accesses):
         if access.through is not None:
             find, rank, index = access.through
             if find not in boxes:
                 boxes[find] = find(done)
-            done.accesses[n] = dataclasses.replace(access, through=_covering(routed, find.args[:2], rank,
-                                                                             *boxes[find](rank, *index)))
+            through = _covering(routed, find.args[:2], rank, *boxes[find](rank, *index))
+            if through is not None:
+                through = (numbering.get(through[0], through[0]), *through[1:])
+            done.accesses[n] = dataclasses.replace(access, through=through)
+
+
+def _arrival_sources(schedule: ir.Schedule) -> dict[str, tuple]:
+    """Per router family, the regions of ids its arrival() stores number."""
+    return {name: tuple(s.value.source for s in f.stores if isinstance(s.value, ir.Route) and s.value.func == "arrival")
+            for name, f in schedule.families.items()}
 
 
 def _reads_args(region: ir.Region, args) -> bool:

@@ -357,6 +357,8 @@ class ValueBuilder:
         if isinstance(expr, ast.Name) and expr.id not in self.b.tensors:
             size = self.b.size(expr, scope)
             return None if size is None else (ir.Scalar(size), (), INTEGER)
+        if isinstance(expr, ast.Subscript) and isinstance(expr.base, ast.Call) and expr.base.func in ir.ROUTES:
+            return self.route_part(expr, scope, reads, loops)
         if isinstance(expr, (ast.Name, ast.Subscript, ast.Peer)):
             region = self.region(expr, scope, reads=reads)
             if region is None:
@@ -482,6 +484,31 @@ class ValueBuilder:
             return None
         shape = (bins,) if call.func == "histogram" else source[1]
         return ir.Route(call.func, region, bins), shape, INTEGER
+
+    def route_part(self, expr: ast.Subscript, scope, reads, loops):
+        """`arrival(ids, n)[a : +m, :]`: a box of the arrival of the whole region (ir.Route.part)."""
+        call = expr.base
+        if call.func != "arrival":
+            self.b.fail("only arrival() may be sliced: a part of the numbering of the whole region", expr.span)
+            return None
+        found = self.route(call, scope, reads, loops)
+        if found is None:
+            return None
+        route, shape, dtype = found
+        if len(expr.slices) != len(shape):
+            self.b.fail(f"the arrival has {len(shape)} dimensions, the slice names {len(expr.slices)}", expr.span)
+            return None
+        part = []
+        for piece, extent in zip(expr.slices, shape):
+            dim = self.dim(piece, extent, scope.plain())
+            if dim is None:
+                return None
+            if not dim.kept:
+                self.b.fail("a part of an arrival keeps its dimensions: slice with `a : +m` or `:`", piece.span)
+                return None
+            part.append(dim)
+        route = ir.Route(route.func, route.source, route.bins, tuple(part))
+        return route, route.shape, dtype
 
     def routed(self, span, value, target: ir.Region | None) -> bool:
         """histogram() and arrival() are whole stores into integer tensors (`target` None: a value named
