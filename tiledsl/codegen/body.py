@@ -225,6 +225,9 @@ class Wait:
     shmem: bool = False                                 # NVSHMEM writes the slot: its own wait follows
     # a `split` producer's parts: slots slot .. slot + parts - 1, all waited on in one vector read
     parts: int = 1
+    # a wait in a step of the tile's loop spins in line: a call there (the slow path is noinline
+    # elsewhere) made the caller save its live registers around it, attention's running accumulator
+    inline: bool = False
 
     @property
     def guard_in_loop(self) -> bool:
