@@ -54,6 +54,14 @@ EMULATED_TILES = {"BM": 16, "BN": 32, "BR": 8, "BLOCK": 64}  # small tiles for t
 
 # ---- the two ways to communicate --------------------------------------------------------------------
 
+def _waited(t):
+    """A functional collective's result as a plain tensor. Left as torch's AsyncCollectiveTensor, a
+    [S, B, H] result times a weight did not fold into one GEMM: torch ran it as S batched one-row
+    products (nvjet 512x8 tiles), 30 ms of a 38 ms LLaMA-3-8B prefill on one H200 (profiled in
+    session 12), and the first prefill numbers compared against that."""
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
 class TorchComm:
     """torch's functional collectives (NCCL on GPUs) next to plain matmuls."""
     name = "torch+nccl"
@@ -62,16 +70,16 @@ class TorchComm:
         self.group = group
 
     def all_gather_matmul(self, x, w):
-        return funcol.all_gather_tensor(x.contiguous(), 0, self.group) @ w
+        return _waited(funcol.all_gather_tensor(x.contiguous(), 0, self.group)) @ w
 
     def matmul_reduce_scatter(self, x, w):
-        return funcol.reduce_scatter_tensor(x @ w, "sum", 0, self.group)
+        return _waited(funcol.reduce_scatter_tensor(x @ w, "sum", 0, self.group))
 
     def matmul_all_reduce(self, x, w):
-        return funcol.all_reduce(x @ w, "sum", self.group)
+        return _waited(funcol.all_reduce(x @ w, "sum", self.group))
 
     def all_reduce_rmsnorm(self, x, residual, weight, eps):
-        h = funcol.all_reduce(x, "sum", self.group) + residual
+        h = _waited(funcol.all_reduce(x, "sum", self.group)) + residual
         return rms_norm(h, weight, eps), h
 
 
@@ -155,9 +163,7 @@ class DecoderLayer:
         positions = torch.arange(S, device=x.device)
         q, k = rotate(q, positions), rotate(k, positions)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        # contiguous, as a model hands it on: torch's matmul of this transposed view ran as a batched
-        # GEMM of S products of one row each (nvjet 512x8 tiles, 30 ms of a 38 ms layer at LLaMA-3-8B)
-        attn = attn.transpose(1, 2).flatten(-2).transpose(0, 1).contiguous()                # [S, B, h*d]
+        attn = attn.transpose(1, 2).flatten(-2).transpose(0, 1)                             # [S, B, h*d]
         x = x + comm.matmul_reduce_scatter(attn, self.w_o)
         h = rms_norm(x, self.norm_mlp, self.config.eps)
         return x + self.mlp(h, comm, comm.all_gather_matmul, comm.matmul_reduce_scatter)
