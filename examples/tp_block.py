@@ -55,11 +55,15 @@ EMULATED_TILES = {"BM": 16, "BN": 32, "BR": 8, "BLOCK": 64}  # small tiles for t
 # ---- the two ways to communicate --------------------------------------------------------------------
 
 def _waited(t):
-    """A functional collective's result as a plain tensor. Left as torch's AsyncCollectiveTensor, a
-    [S, B, H] result times a weight did not fold into one GEMM: torch ran it as S batched one-row
-    products (nvjet 512x8 tiles), 30 ms of a 38 ms LLaMA-3-8B prefill on one H200 (profiled in
-    session 12), and the first prefill numbers compared against that."""
+    """A functional collective's result as a plain tensor (not torch's AsyncCollectiveTensor)."""
     return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
+def _mm(x, w):
+    """x [..., K] @ w [K, N] as one GEMM of all rows. `x @ w` on the layer's [S, B, K] activations
+    ran as S batched one-row products (nvjet 512x8 tiles): 30 ms of a 38 ms LLaMA-3-8B prefill on one
+    H200 (profiled in session 12); the first prefill comparisons were against that."""
+    return (x.reshape(-1, x.shape[-1]) @ w).unflatten(0, x.shape[:-1])
 
 
 class TorchComm:
@@ -70,13 +74,13 @@ class TorchComm:
         self.group = group
 
     def all_gather_matmul(self, x, w):
-        return _waited(funcol.all_gather_tensor(x.contiguous(), 0, self.group)) @ w
+        return _mm(_waited(funcol.all_gather_tensor(x.contiguous(), 0, self.group)), w)
 
     def matmul_reduce_scatter(self, x, w):
-        return _waited(funcol.reduce_scatter_tensor(x @ w, "sum", 0, self.group))
+        return _waited(funcol.reduce_scatter_tensor(_mm(x, w), "sum", 0, self.group))
 
     def matmul_all_reduce(self, x, w):
-        return _waited(funcol.all_reduce(x @ w, "sum", self.group))
+        return _waited(funcol.all_reduce(_mm(x, w), "sum", self.group))
 
     def all_reduce_rmsnorm(self, x, residual, weight, eps):
         h = _waited(funcol.all_reduce(x, "sum", self.group)) + residual
