@@ -54,6 +54,18 @@ EMULATED_TILES = {"BM": 16, "BN": 32, "BR": 8, "BLOCK": 64}  # small tiles for t
 
 # ---- the two ways to communicate --------------------------------------------------------------------
 
+def _waited(t):
+    """A functional collective's result as a plain tensor (not torch's AsyncCollectiveTensor)."""
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
+def _mm(x, w):
+    """x [..., K] @ w [K, N] as one GEMM of all rows. `x @ w` on the layer's [S, B, K] activations
+    ran as S batched one-row products (nvjet 512x8 tiles): 30 ms of a 38 ms LLaMA-3-8B prefill on one
+    H200 (profiled in session 12); the first prefill comparisons were against that."""
+    return (x.reshape(-1, x.shape[-1]) @ w).unflatten(0, x.shape[:-1])
+
+
 class TorchComm:
     """torch's functional collectives (NCCL on GPUs) next to plain matmuls."""
     name = "torch+nccl"
@@ -62,16 +74,16 @@ class TorchComm:
         self.group = group
 
     def all_gather_matmul(self, x, w):
-        return funcol.all_gather_tensor(x.contiguous(), 0, self.group) @ w
+        return _mm(_waited(funcol.all_gather_tensor(x.contiguous(), 0, self.group)), w)
 
     def matmul_reduce_scatter(self, x, w):
-        return funcol.reduce_scatter_tensor(x @ w, "sum", 0, self.group)
+        return _waited(funcol.reduce_scatter_tensor(_mm(x, w), "sum", 0, self.group))
 
     def matmul_all_reduce(self, x, w):
-        return funcol.all_reduce(x @ w, "sum", self.group)
+        return _waited(funcol.all_reduce(_mm(x, w), "sum", self.group))
 
     def all_reduce_rmsnorm(self, x, residual, weight, eps):
-        h = funcol.all_reduce(x, "sum", self.group) + residual
+        h = _waited(funcol.all_reduce(x, "sum", self.group)) + residual
         return rms_norm(h, weight, eps), h
 
 
@@ -155,9 +167,7 @@ class DecoderLayer:
         positions = torch.arange(S, device=x.device)
         q, k = rotate(q, positions), rotate(k, positions)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        # contiguous, as a model hands it on: torch's matmul of this transposed view ran as a batched
-        # GEMM of S products of one row each (nvjet 512x8 tiles, 30 ms of a 38 ms layer at LLaMA-3-8B)
-        attn = attn.transpose(1, 2).flatten(-2).transpose(0, 1).contiguous()                # [S, B, h*d]
+        attn = attn.transpose(1, 2).flatten(-2).transpose(0, 1)                             # [S, B, h*d]
         x = x + comm.matmul_reduce_scatter(attn, self.w_o)
         h = rms_norm(x, self.norm_mlp, self.config.eps)
         return x + self.mlp(h, comm, comm.all_gather_matmul, comm.matmul_reduce_scatter)

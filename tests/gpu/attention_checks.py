@@ -38,8 +38,11 @@ def zigzag_block_cases(world):
     # then with the whole grid: a copy that needs an SM cannot start while the kernel fills every SM
     # (bench/experiments/copy_starvation.py)
     fewer = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count - 4
+    # BM=128 BN=64 on 3 stages: right in 30 calls at the ragged size where 1 and 2 stages were wrong
+    # (bench/experiments/attention_blocks_probe.py, session 12), and the fastest tile on one H200
+    three = {"BM": 128, "BN": 64, "num_stages": 3}
     return [({"BM": 128, "BN": 64}, (1, 1000, 8, 2)), ({"BM": 128, "BN": 64, "num_sms": fewer}, (2, 2048, 32, 8)),
-            ({"BM": 128, "BN": 64}, (2, 2048, 32, 8))]
+            ({"BM": 128, "BN": 64}, (2, 2048, 32, 8)), (three, (1, 1000, 8, 2)), (three, (2, 2048, 32, 8))]
 
 
 def ulysses_shapes(world):

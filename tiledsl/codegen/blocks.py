@@ -8,6 +8,7 @@ the size is known only at launch; where a block is larger than its size, the pad
 of the two things that mix elements across an axis: a row reduction and a product's contraction."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import sympy
@@ -138,7 +139,7 @@ class _Block:
                     self.shapes[carried.name] = carried.shape
                 steps: list = []
                 self.statements(statement.body, steps, depth + 1)
-                waits = self.step_waits if depth == 0 else ()
+                waits = tuple(dataclasses.replace(w, inline=True) for w in self.step_waits) if depth == 0 else ()
                 # a step's waits come after the size names its waits use, before anything it reads
                 sizes = next((n for n, s in enumerate(statement.body) if not isinstance(s, ir.SizeLet)),
                              len(statement.body))

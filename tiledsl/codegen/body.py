@@ -228,6 +228,9 @@ class Wait:
     # `*` over the producer's last indices: slots slot .. slot + span - 1 (parts included), waited on a
     # vector at a time (sync.wait_span); None where the wait names one instance's slots
     span: sympy.Expr | None = None
+    # a wait in a step of the tile's loop spins in line: a call there (the slow path is noinline
+    # elsewhere) made the caller save its live registers around it, attention's running accumulator
+    inline: bool = False
 
     @property
     def guard_in_loop(self) -> bool:

@@ -84,6 +84,8 @@ def wait_call(wait: body.Wait, family, indent: str) -> str:
     on a line of its own first."""
     # a slot NVSHMEM writes: its own wait follows; a split producer's parts: all read at once
     helper = ("wait_parts" if wait.parts > 1 else "wait") + ("_shmem" if wait.shmem else "")
+    if helper == "wait" and wait.inline:
+        helper = "wait_inline"
     parts = f", PARTS={wait.parts}, BLOCK={1 << (wait.parts - 1).bit_length()}" if wait.parts > 1 else ""
     count = ""
     if wait.span is not None:  # consecutive slots, a runtime count of them, read SPAN_BLOCK at a time

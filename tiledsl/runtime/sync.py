@@ -43,6 +43,29 @@ def wait(sig_ptr, epoch, diag, max_spins, rank, edge, instance):
         wait_slow(sig_ptr, epoch, diag, max_spins, rank, edge, instance)
 
 
+@triton.jit
+def wait_inline(sig_ptr, epoch, diag, max_spins, rank, edge, instance):
+    """`wait` with its slow path in line, for a wait in a step of a tile's loop. There a call to the
+    noinline slow path made the caller keep its live registers across a call: sp_ag_attention at
+    BM=128 (a 128x128 fp32 accumulator live through its loop over pieces) ran 1.5x the time of the
+    same tile without waits, and was wrong at a ragged size on 1 and 2 stages (bench/NOTES.md,
+    session 12)."""
+    seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+    spins = 0
+    while (seen < epoch) & (spins < max_spins):
+        seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+        spins += 1
+        if tl.load(diag, volatile=True) != 0:
+            spins = max_spins  # another wait already timed out: the call is lost, stop spinning
+    if seen < epoch:
+        if tl.atomic_cas(diag, 0, 1, sem="relaxed", scope="gpu") == 0:
+            tl.store(diag + 1, rank)
+            tl.store(diag + 2, edge)
+            tl.store(diag + 3, instance)
+            tl.store(diag + 4, epoch)
+            tl.store(diag + 5, seen)
+
+
 @triton.jit(noinline=True)
 def wait_slow(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance):
     seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
