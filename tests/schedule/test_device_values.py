@@ -254,3 +254,60 @@ def test_default_sizes_of_the_grouped_gemms_are_quick_to_check(name, world):
         extents = concrete.extents[family.name][0]
         assert all(n >= 2 for n, (_, e) in zip(extents, family.indices) if e.free_symbols - {ir.WORLD}), \
             (family.name, extents)
+
+
+# ---- an arrival numbered in parts (one route tile per block of rows) ---------------------------------
+
+PARTS = changed("tile  route: slot = arrival(ids, NE); sent = histogram(ids, NE)\n",
+                "tile  tally: sent = histogram(ids, NE)\n"
+                "tile  route[b in cdiv(T, BR)]: slot[b*BR : +BR, :] = arrival(ids, NE)[b*BR : +BR, :]\n",
+                changed("const BT = 4\n", "const BT = 4, BR = 8\n").replace(
+                    "pack[t, k] after route\n", "pack[t, k] after route[(t*BT) / BR]\n").replace(
+                    "tell[d] after route\n", "tell[d] after tally\n"))
+
+
+def test_parts_of_one_arrival_number_each_id_once():
+    assert run(PARTS, until="check").warnings == []
+
+
+def test_parts_of_different_arrivals_do_not():
+    """Each block numbered on its own: two blocks' rows of one expert get the same slots."""
+    refused = changed("arrival(ids, NE)[b*BR : +BR, :]", "arrival(ids[b*BR : +BR, :], NE)", PARTS)
+    error = the_error(refused, "race: instances of tile 'pack' both write the same elements of send")
+    assert at(error) == where(refused, "send[ids[")
+
+
+def test_a_write_must_wait_for_the_part_that_numbers_its_ids():
+    refused = changed("pack[t, k] after route[(t*BT) / BR]", "pack[t, k] after route[0]", PARTS)
+    the_error(refused, "race: tile 'pack' reads slot while tile 'route' may still write it")
+
+
+def test_only_arrival_is_taken_in_parts():
+    refused = changed("tile  tally: sent = histogram(ids, NE)", "tile  tally: sent = histogram(ids, NE)[0 : +NE]",
+                      PARTS)
+    error = the_error(refused, "only arrival() may be sliced")
+    assert at(error) == where(refused, "histogram(ids, NE)[")
+
+
+def test_a_part_of_an_arrival_keeps_its_dimensions():
+    refused = changed("slot[b*BR : +BR, :] = arrival(ids, NE)[b*BR : +BR, :]",
+                      "slot[b*BR : +BR, 0] = arrival(ids, NE)[b*BR : +BR, 0]", PARTS)
+    the_error(refused, "a part of an arrival keeps its dimensions")
+
+
+def test_the_reference_stores_the_box_of_the_whole_numbering():
+    import torch
+
+    from tiledsl.runtime.reference import Reference
+    schedule = run(PARTS, until="check").schedule
+    world, T, K, E = 2, 10, 2, 2  # BR = 8: rows 8 and 9 are numbered after the 16 ids before them
+    generator = torch.Generator().manual_seed(3)
+    ids = [torch.rand(T, E * world, generator=generator).argsort(dim=1)[:, :K].to(torch.int32) for _ in range(world)]
+    got = Reference(schedule, world, {"T": T, "H": 3, "K": K, "E": E, "C": T * K}).run(
+        [{"X": torch.randn(T, 3, generator=generator), "ids": i} for i in ids])
+    for rank in range(world):
+        seen, want = [0] * (E * world), []
+        for group in ids[rank].flatten().tolist():
+            want.append(seen[group])
+            seen[group] += 1
+        assert got[rank]["slot"].flatten().tolist() == want

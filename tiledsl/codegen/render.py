@@ -76,7 +76,7 @@ def slot_code(expr, family) -> str:
     return kernel_code(expr, renames(family))
 
 
-SPAN_BLOCK = 1024  # slots a ranged wait reads at once: a pack family of 3072 instances in 3 reads
+SPAN_BLOCK = 4096  # slots a ranged wait reads at once: every pack tile of ag_group_gemm at DeepSeek-MoE in one read
 
 
 def wait_call(wait: body.Wait, family, indent: str) -> str:

@@ -239,9 +239,12 @@ class Reference:
             arrival[n] = seen[group]
             seen[group] += 1
         arrival = arrival.reshape(ids.shape)
-        if value.part is not None:  # a box of the whole region's numbering
-            arrival = arrival[tuple(slice(max(0, evaluate(d.start, env)), max(0, evaluate(d.start + d.size, env)))
-                                    for d in value.part)]
+        if value.part is not None:  # a box of the whole region's numbering, at its written size (0 past the end)
+            box = torch.zeros([evaluate(d.size, env) for d in value.part], dtype=arrival.dtype)
+            starts = [evaluate(d.start, env) for d in value.part]
+            found = arrival[tuple(slice(a, a + n) for a, n in zip(starts, box.shape))]
+            box[tuple(slice(0, n) for n in found.shape)] = found
+            arrival = box
         return arrival.double()
 
     def check_cap(self, region: ir.Region, env: dict, rank: int, value: torch.Tensor) -> None:
