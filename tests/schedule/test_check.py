@@ -118,24 +118,31 @@ EDGE_RACES = {
     # the MoE programs: each edge orders a device-valued size, an index tensor or the rows it routes
     ("moe_dispatch", "pack[t, k, h] after route"):
         ("race: tile 'pack' reads slot while tile 'route' may still write it", "slot[t*BT"),
-    ("moe_dispatch", "tell[d] after route"):
-        ("race: chunk 'tell' reads sent while tile 'route' may still write it", "sent[d*E"),
+    ("moe_dispatch", "tell[d] after tally"):
+        ("race: chunk 'tell' reads sent while tile 'tally' may still write it", "sent[d*E"),
     ("moe_dispatch", "pull[s, e] after"):
         ("race: chunk 'pull' reads send while tile 'pack' may still write it", "send@s["),
-    ("moe_combine", "ret[s, e] after route"):
-        ("race: chunk 'ret' reads sent while tile 'route' may still write it", "sent@s[rank*E + e], :] ->"),
+    ("moe_combine", "ret[s, e] after tally"):
+        ("race: chunk 'ret' reads sent while tile 'tally' may still write it", "sent@s[rank*E + e], :] ->"),
     ("moe_combine", "comb[t, h] after"):
         ("race: tile 'comb' reads back while chunk 'ret' may still write it", "back[ids["),
-    ("ag_group_gemm", "route[s] after gather[s]"):
-        ("race: tile 'route' reads ids_all while chunk 'gather' may still write it", "ids_all[s, :, :], E)"),
-    ("ag_group_gemm", "pack[s, t, k] after route[s]"):
-        ("race: tile 'pack' reads slot while tile 'route' may still write it", "slot[s, t*BT"),
+    ("ag_group_gemm", "tally[s] after gather[s]"):
+        ("race: tile 'tally' reads ids_all while chunk 'gather' may still write it", "ids_all[s, :, :], E)"),
+    ("ag_group_gemm", "route[s, b] after gather[s]"):
+        ("race: tile 'route' reads ids_all while chunk 'gather' may still write it", "ids_all[s, :, :], E)["),
+    # without it pack is ordered after nothing: the ids it reads are the first race found
+    ("ag_group_gemm", "pack[s, t, k] after route[s, (t*BT) / BR]"):
+        ("race: tile 'pack' reads ids_all while chunk 'gather' may still write it", "ids_all[s, t*BT"),
+    ("ag_group_gemm", "mm[s, e, m, n] after tally[s]"):
+        ("race: tile 'mm' reads count while tile 'tally' may still write it", "G[s, e, m*BM"),
     ("ag_group_gemm", "mm[s, e, m, n] after pack"):
         ("race: tile 'mm' reads P while tile 'pack' may still write it", "P[s, e, m*BM"),
-    ("moe_gemm_rs", "route[s] after gather[s]"):
-        ("race: tile 'route' reads ids_all while chunk 'gather' may still write it", "ids_all[s, :, :], E)"),
-    ("moe_gemm_rs", "mm[s, e, m, n] after route[s]"):
-        ("race: tile 'mm' reads count while tile 'route' may still write it", "Z[s, e, m*BM"),
+    ("moe_gemm_rs", "tally[s] after gather[s]"):
+        ("race: tile 'tally' reads ids_all while chunk 'gather' may still write it", "ids_all[s, :, :], E)"),
+    ("moe_gemm_rs", "route[s, b] after gather[s]"):
+        ("race: tile 'route' reads ids_all while chunk 'gather' may still write it", "ids_all[s, :, :], E)["),
+    ("moe_gemm_rs", "mm[s, e, m, n] after tally[s]"):
+        ("race: tile 'mm' reads count while tile 'tally' may still write it", "Z[s, e, m*BM"),
     ("moe_gemm_rs", "red[t, n] after"): ("race: tile 'red' reads Z while tile 'mm' may still write it", "Z@q[rank"),
     ("hier_allgather", "mine[m] after across"):
         ("race: chunk 'mine' reads G while chunk 'across' may still write it", "G[(m*local_world"),
