@@ -108,3 +108,13 @@ def test_kernel_never_specialises_on_the_rank_or_the_spin_bound_and_reads_the_ep
     loose = {p.name for p in kernel.params if p.do_not_specialize}
     assert {"rank", "tds_max_spins"} <= loose
     assert "tds_epoch_cell" in names and "tds_epoch" not in names
+
+
+@pytest.mark.parametrize("name, inline", [("sp_ag_attention", True), ("ag_gemm", False), ("gemm_rs", False)])
+def test_a_wait_in_a_loop_step_spins_in_line(name, inline):
+    """A wait in a step of a tile's loop spins in line; a wait before a tile's body keeps its noinline
+    slow path (so the persistent loop around it can still be one software pipeline). Through the call,
+    sp_ag_attention at BM=128 was wrong on the GPU (bench/NOTES.md, seventh session)."""
+    tiles = run(ROOT / "programs" / f"{name}.tds").module.split("def tds_kernel(")[0]  # not the entry's waits
+    assert ("tds_sync.wait_inline(" in tiles) == inline
+    assert ("tds_sync.wait(" in tiles) == (not inline)

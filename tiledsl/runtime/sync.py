@@ -68,20 +68,7 @@ def wait_inline(sig_ptr, epoch, diag, max_spins, rank, edge, instance):
 
 @triton.jit(noinline=True)
 def wait_slow(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance):
-    seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
-    spins = 0
-    while (seen < epoch) & (spins < max_spins):
-        seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
-        spins += 1
-        if tl.load(diag_ptr, volatile=True) != 0:
-            spins = max_spins  # another wait already timed out: the call is lost, stop spinning
-    if seen < epoch:
-        if tl.atomic_cas(diag_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
-            tl.store(diag_ptr + 1, rank)
-            tl.store(diag_ptr + 2, edge)
-            tl.store(diag_ptr + 3, instance)
-            tl.store(diag_ptr + 4, epoch)
-            tl.store(diag_ptr + 5, seen)
+    wait_inline(sig_ptr, epoch, diag_ptr, max_spins, rank, edge, instance)
 
 
 @triton.jit
