@@ -98,7 +98,7 @@ def wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.
 def wait_span(sig_ptr, count, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
     """Until each of the `count` consecutive slots from `sig_ptr` (`*` over a producer's last indices:
     every pack tile of one rank, say) holds `epoch`: BLOCK of them a read, so that a GEMM tile after
-    3072 pack tiles makes 3 round trips to memory, not 3072. Past `max_spins` reads of a block, each of
+    3072 pack tiles makes one round trip to memory, not 3072. Past `max_spins` reads of a block, each of
     its slots' own wait records which one is missing."""
     lanes = tl.arange(0, BLOCK)
     for first in range(0, count, BLOCK):
