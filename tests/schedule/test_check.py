@@ -907,3 +907,24 @@ def test_a_chunk_running_in_another_order_than_its_tiles_need_is_a_warning():
 
 def test_a_chunk_ordered_like_its_tiles_draws_no_warning():
     assert not run(AG_GEMM, until="check").warnings
+
+
+def test_a_race_only_below_the_tile_size_is_found():
+    """A generated all-gather (seed 4327 of gen_schedules.py): use[i] reads rows i*4 .. i*4+3 and waits
+    for the chunk of its first row and for the one after its last row's. At N=2 or 3 (below the tile's
+    4 rows) use[0] reads rows of gather[1] without waiting for it; at the multiples (N=8) and their
+    neighbours (N=9) every row's chunk is waited for, directly or through use[i - 1]. The checker also
+    proves a schedule at the smallest sizes its conditions allow, and finds the race."""
+    source = tds("""
+        program gen_gather
+        param N, M
+        const B4 = 4
+        in X : f32[N, M]
+        out Y : f32[world * N, M]
+        symm G : f32[world * N, M]
+        chunk gather[s in world] on sms(2): X@s -> G[s*N : +N, :]
+        tile use[i in cdiv(world * N, B4)]: Y[i*B4 : +B4, :] = G[i*B4 : +B4, :]
+        gather[s] after gather[s - 1]
+        use[i] after gather[(i*B4)/N], gather[(i*B4 + 3)/N + 1], use[i - 1]
+    """)
+    assert the_error(source, "race: tile 'use' reads G while chunk 'gather' may still write it")

@@ -16,7 +16,7 @@ from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     ragged_sizes, topologies)
+                                     ragged_sizes, small_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -40,7 +40,8 @@ def check(schedule: ir.Schedule) -> list[Diagnostic]:
         try:
             # sizes the tiles divide, and sizes where last tiles are partial
             divided = default_sizes(schedule, world, nodes=nodes)
-            at_sizes = [divided, ragged_sizes(schedule, world, nodes=nodes, sizes=divided)]
+            at_sizes = [divided, ragged_sizes(schedule, world, nodes=nodes, sizes=divided),
+                        small_sizes(schedule, world, nodes=nodes, sizes=divided)]
             concretes = [instantiate(schedule, world, sizes, nodes) for sizes in at_sizes if sizes is not None]
         except ValueError as why:
             unchecked.append(str(why))  # the launch conditions exclude this world, say

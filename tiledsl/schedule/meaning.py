@@ -278,6 +278,27 @@ def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INS
     return moved if total <= max_instances else None
 
 
+def small_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
+                nodes: int = 1, sizes: dict[str, int] | None = None) -> dict[str, int] | None:
+    """`default_sizes` with every param at the smallest value its launch conditions allow (1 where none
+    binds it): sizes below the tiles, where one tile reads the rows of several chunks (a schedule's
+    waits there can miss a chunk that multiples and their neighbours never show: a generated
+    all-gather, seed 4327 of tests/schedule/gen_schedules.py). None where nothing moves or the sizes
+    break a condition."""
+    sizes = sizes or default_sizes(schedule, world, max_instances, nodes)
+    small = dict(sizes)
+    for p in schedule.params:
+        naming = [c.holds for c in schedule.conditions if p in {x.name for x in c.holds.free_symbols}]
+        named = {x.name for h in naming for x in h.free_symbols}
+        numbers = [int(a) for h in naming for a in h.atoms(sympy.Integer) if a > 1]
+        limit = 2 * world * math.lcm(1, *(v for k, v in schedule.consts.items() if k in named), *numbers)
+        small[p] = next((v for v in range(1, min(limit, sizes[p]) + 1)
+                         if _conditions_hold(schedule, world, {**sizes, p: v}, nodes)), sizes[p])
+    if small == sizes or not _conditions_hold(schedule, world, small, nodes):
+        return None
+    return small
+
+
 def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> tuple[int, ...]:
     missing = [p for p in schedule.params if p not in sizes]
     if missing:
