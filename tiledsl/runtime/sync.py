@@ -45,11 +45,10 @@ def wait(sig_ptr, epoch, diag, max_spins, rank, edge, instance):
 
 @triton.jit
 def wait_inline(sig_ptr, epoch, diag, max_spins, rank, edge, instance):
-    """`wait` with its slow path in line, for a wait in a step of a tile's loop. There a call to the
-    noinline slow path made the caller keep its live registers across a call: sp_ag_attention at
-    BM=128 (a 128x128 fp32 accumulator live through its loop over pieces) ran 1.5x the time of the
-    same tile without waits, and was wrong at a ragged size on 1 and 2 stages (bench/NOTES.md,
-    session 12)."""
+    """`wait` with its slow path in line, for a wait in a step of a tile's loop. Through the call to
+    the noinline slow path there, sp_ag_attention at BM=128 (a 128x128 fp32 accumulator live through
+    its loop over pieces) was wrong in the first row of some tiles at a ragged size on 1 and 2 stages;
+    in line, every build was right (bench/NOTES.md, seventh session). Its speed did not change."""
     seen = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
     spins = 0
     while (seen < epoch) & (spins < max_spins):
