@@ -228,8 +228,8 @@ class Wait:
     # `*` over the producer's last indices: slots slot .. slot + span - 1 (parts included), waited on a
     # vector at a time (sync.wait_span); None where the wait names one instance's slots
     span: sympy.Expr | None = None
-    # a wait in a step of the tile's loop spins in line: a call there (the slow path is noinline
-    # elsewhere) made the caller save its live registers around it, attention's running accumulator
+    # a wait in a step of the tile's loop spins in line: through the noinline slow path (kept for
+    # waits before a tile's body) sp_ag_attention at BM=128 came out wrong on the GPU (sync.wait_inline)
     inline: bool = False
 
     @property
