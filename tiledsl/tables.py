@@ -31,6 +31,9 @@ DTYPES = {d.name: d for d in (
     Dtype("int64", ("i64",), "tl.int64", "i64", 0.0),
     Dtype("int8", ("i8",), "tl.int8", "i8", 0.0),
     Dtype("uint8", ("u8",), "tl.uint8", "u8", 0.0),
+    # e4m3 (OCP's "fn": no infinities, 448 the largest), the wire format of DeepSeek-V3's dispatch; a
+    # value rounded to it is within half of its 3-bit mantissa's step
+    Dtype("float8_e4m3fn", ("fp8", "e4m3"), "tl.float8e4nv", "fp8e4nv", 7e-2),
 )}
 SPELLINGS = {s: d.name for d in DTYPES.values() for s in d.spellings}  # bf16 -> bfloat16
 

@@ -5,7 +5,8 @@ the data dependence: uniform, skewed (expert 0 in every token's top-k), idle exp
 nothing, top-k of 1, 2 and 8, token counts no tile divides; 100 calls back to back, each with a fresh
 routing and fresh inputs and its outputs poisoned (NaN); dispatch and combine also replayed inside the
 caller's CUDA graph; and a count above capacity, which must raise CapacityExceeded naming the rank and
-the expert. Outputs declared `upto count` are compared below the counts only. Rank 0 prints one
+the expert. moe_dispatch_fp8 against the same path's bf16 rows: each arrived e4m3 value times its
+group's scale within e4m3's rounding of the row, each scale its group's largest magnitude / 448. Outputs declared `upto count` are compared below the counts only. Rank 0 prints one
 PASS/FAIL line a check."""
 import os
 import re
@@ -184,6 +185,54 @@ def dispatch_case(world, rank, T, H, K, E, C, kind):
     return Case(({"X": X, "ids": ids, "recv": recv, "count": count, "slot": slot},), refresh, verify)
 
 
+FP8_GROUP = 128        # values one scale covers (moe_dispatch_fp8's QG)
+E4M3_NAN = 0x7F        # an e4m3 NaN's bits: the poison of an fp8 output
+
+
+def dequantised_close(recv, rscale, want, count):
+    """fp8 rows against the bf16 rows they quantise, below the counts: each scale the group's largest
+    magnitude / 448 (to float32's rounding), each value within e4m3's rounding (half a step: 2^-4 of the
+    value, 2^-10 of the scale below e4m3's normals) with one step of slack (the GPU's float32 division
+    is not correctly rounded, which may move a value that lies on a midpoint to the other side)."""
+    group = want.shape[-1] // rscale.shape[-1]
+    valid = below(count.to(recv.device), want.shape)
+    grouped_rows = want.unflatten(-1, (rscale.shape[-1], group))
+    scale = grouped_rows.abs().amax(dim=-1).clamp_min(1e-30) / 448
+    scale_valid = below(count.to(recv.device), scale.shape)
+    close(rscale[scale_valid], scale[scale_valid], 1e-6)
+    values = recv.float()
+    assert torch.isfinite(values[valid]).all(), "an arrived fp8 value is NaN (never written)"
+    got = (values.unflatten(-1, grouped_rows.shape[-2:]) * rscale.unsqueeze(-1)).flatten(-2)
+    slack = 2.0 ** -3 * want.abs() + 2.0 ** -9 * scale.repeat_interleave(group, dim=-1)
+    wrong = ((got - want).abs() > slack) & valid
+    assert not wrong.any(), (f"{int(wrong.sum())} of {int(valid.sum())} dequantised values off by more than e4m3's "
+                             f"rounding; worst {float(((got - want).abs() - slack)[valid].max()):.3g} past it")
+
+
+def dispatch_fp8_case(world, rank, T, H, K, E, C, kind):
+    X, ids = empty(T, H, dtype=BF16), empty(T, K, dtype=torch.int32)
+    recv, rscale = empty(E, world, C, H, dtype=torch.float8_e4m3fn), empty(E, world, C, H // FP8_GROUP)
+    count, slot = empty(E, world, dtype=torch.int32), empty(T, K, dtype=torch.int32)
+    want = {}
+
+    def refresh():
+        # magnitudes over 8 binades: every group fills e4m3's range differently
+        X.copy_(torch.randn(T, H, device=X.device) * 2.0 ** (8 * torch.rand(T, H, device=X.device) - 4))
+        ids.copy_(route(kind, T, K, E * world, E, rank))
+        want["recv"], want["count"], want["slot"] = dispatch_reference(X, ids, E, C, world)
+        recv.view(torch.uint8).fill_(E4M3_NAN)
+        rscale.fill_(NAN)
+        count.fill_(-1)
+        slot.fill_(-1)
+
+    def verify():
+        close(count, want["count"], 0.0)
+        close(slot, want["slot"], 0.0)
+        dequantised_close(recv, rscale, want["recv"], want["count"])
+    return Case(({"X": X, "ids": ids, "recv": recv, "rscale": rscale, "count": count, "slot": slot},), refresh,
+                verify)
+
+
 def combine_case(world, rank, T, H, K, E, C, kind):
     Y, ids, w = empty(E, world, C, H, dtype=BF16), empty(T, K, dtype=torch.int32), empty(T, K)
     out, want = empty(T, H, dtype=BF16), empty(T, H)
@@ -294,7 +343,15 @@ def main() -> int:
                 world, rank, T, H, K, E, C, kind)))
             record(f"moe_combine {shape}", repeated(heap, "moe_combine", lambda: combine_case(
                 world, rank, T, H, K, E, C, kind)))
+    for n, (T, H, K, E, C) in enumerate(EP_SHAPES):
+        if H % FP8_GROUP:
+            continue  # moe_dispatch_fp8 needs whole groups of 128 values (its `require`)
+        for kind in routings(K, E * world, E, ep=True, every=n == 0):
+            record(f"moe_dispatch_fp8 T={T} H={H} K={K} E={E}x{world} C={C} {kind}", repeated(
+                heap, "moe_dispatch_fp8", lambda: dispatch_fp8_case(world, rank, T, H, K, E, C, kind)))
     T, H, K, E, C = EP_SHAPES[0]
+    record(f"user CUDA graph, moe_dispatch_fp8 T={T} H={H} K={K}",
+           user_graph(heap, "moe_dispatch_fp8", lambda: dispatch_fp8_case(world, rank, T, H, K, E, C, "uniform")))
     record(f"user CUDA graph, moe_dispatch T={T} H={H} K={K}",
            user_graph(heap, "moe_dispatch", lambda: dispatch_case(world, rank, T, H, K, E, C, "uniform")))
     record(f"user CUDA graph, moe_combine T={T} H={H} K={K}",

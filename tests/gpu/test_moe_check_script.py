@@ -40,6 +40,10 @@ def _stand_in(name, inputs, outputs, rank):
             expert = int(sent.argmax())
             raise CapacityExceeded(f"rank {rank}: sent[{expert}] = {int(sent[expert])} is above its cap {C}")
         got = expect.moe_dispatch(every["X"], every["ids"], E, C)
+    elif name == "moe_dispatch_fp8":
+        E, C = outputs["recv"].shape[0], outputs["recv"].shape[2]
+        group = outputs["recv"].shape[-1] // outputs["rscale"].shape[-1]
+        got = expect.moe_dispatch_fp8(every["X"], every["ids"], E, C, group)
     elif name == "moe_combine":
         got = expect.moe_combine(every["Y"], every["ids"], every["w"], inputs["Y"].shape[0])
     elif name == "ag_group_gemm":
@@ -59,7 +63,7 @@ class StandIn:
     """A MoE program computed by moe_expectations; `stale`: from the second call on, from the previous
     call's inputs."""
 
-    INPUTS = {"moe_dispatch": ("X", "ids"), "moe_combine": ("Y", "ids", "w"), "ag_group_gemm": ("A", "ids", "B"),
+    INPUTS = {"moe_dispatch": ("X", "ids"), "moe_dispatch_fp8": ("X", "ids"), "moe_combine": ("Y", "ids", "w"), "ag_group_gemm": ("A", "ids", "B"),
               "moe_gemm_rs": ("Hx", "ids", "w", "B")}
 
     def __init__(self, name, stale):
@@ -86,6 +90,7 @@ def _script_rank(rank, world, port, stale, results):
     moe_checks.start = lambda seed: harness.start(seed, backend="gloo")
     moe_checks.CALLS = 12  # more than one round of calls back to back
     moe_checks.EP_SHAPES = [(10, 12, 2, 2, 10), (9, 8, 1, 3, 9)]
+    moe_checks.FP8_GROUP = 4  # 3 and 2 scales a row at these widths
     moe_checks.GEMM_SHAPES = [(10, 16, 24, 2, 4, 10), (5, 8, 16, 8, 8, 5)]
     moe_checks.tiledsl = type("tiledsl", (), {"compile": staticmethod(
         lambda source, heap=None, **options: StandIn(Path(source).stem, stale))})
@@ -116,7 +121,7 @@ def test_moe_checks_pass_a_correct_stand_in_and_fail_a_stale_one(capfd):
     passed, failed = _lines(out, "PASS"), _lines(out, "FAIL")
     assert failed and all(name.startswith(RUNTIME_ONLY) for name in failed), out
     programs = {name.split()[0] for name in passed}
-    assert programs == {"moe_dispatch", "moe_combine", "ag_group_gemm", "moe_gemm_rs"}, out
+    assert programs == {"moe_dispatch", "moe_dispatch_fp8", "moe_combine", "ag_group_gemm", "moe_gemm_rs"}, out
     assert {"moe_dispatch over capacity raises CapacityExceeded",
             "ag_group_gemm over capacity raises CapacityExceeded"} <= set(passed), out
     for routing in ("uniform", "skewed", "idle", "stay_home"):

@@ -41,6 +41,24 @@ def moe_dispatch(X, ids, E: int, C: int):
     return {"recv": recv, "count": count, "slot": slot}
 
 
+def quantise_e4m3(rows: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's fp8 layout in float32, as the pack tile computes it: per `group` values of a row,
+    scale = max(largest magnitude, 1e-30) / 448, value = (x / scale) rounded to e4m3. Returns (values,
+    scales) in float64, the values e4m3's exactly."""
+    x = rows.float().reshape(*rows.shape[:-1], rows.shape[-1] // group, group)
+    scale = x.abs().amax(dim=-1).clamp_min(1e-30) / 448
+    values = (x / scale.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    return values.double().reshape(rows.shape), scale.double()
+
+
+def moe_dispatch_fp8(X, ids, E: int, C: int, group: int):
+    """moe_dispatch's rows as they travel in fp8: recv the e4m3 values, rscale a scale per `group`."""
+    out = moe_dispatch(X, ids, E, C)
+    quantised = [quantise_e4m3(r, group) for r in out["recv"]]
+    return {"recv": [q for q, _ in quantised], "rscale": [s for _, s in quantised], "count": out["count"],
+            "slot": out["slot"]}
+
+
 def moe_combine(Y, ids, w, E: int):
     """out_s[t] = sum over k of w_s[t, k] * Y_d[e, s, c], (t, k) being the c-th pair of rank s that
     chose expert d*E + e."""

@@ -25,7 +25,7 @@ import moe_expectations as expect  # tests/programs/ is on sys.path, as pytest i
 pytestmark = pytest.mark.emulated
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
-MOE_PROGRAMS = ("moe_dispatch", "moe_combine", "ag_group_gemm", "moe_gemm_rs")
+MOE_PROGRAMS = ("moe_dispatch", "moe_dispatch_fp8", "moe_combine", "ag_group_gemm", "moe_gemm_rs")
 EMULATED = {"bfloat16": torch.float32}  # the interpreter computes bf16 `tl.dot` wrongly
 TOLERANCE = 1e-5  # float32 against float64, relative to the output's largest magnitude
 CALLS = 2
@@ -33,6 +33,7 @@ WORLDS = (2, 3, 4)
 # small tiles: several instances along every index at these sizes (BK's choices are 64 and 128)
 # BR = BT: the ids are numbered by several route tiles, each after counting the ids before its rows
 EP_TILES = {"BT": 8, "BH": 8, "BR": 8}
+FP8_TILES = {"BT": 8, "QG": 8, "BR": 8}  # QG: values a scale covers (128 on the GPU)
 GEMM_TILES = {"BM": 16, "BN": 16, "BT": 8, "BR": 8}
 
 
@@ -49,6 +50,8 @@ class Case:
     def consts(self) -> dict:
         if self.program == "group_gemm":
             return {n: GEMM_TILES[n] for n in ("BM", "BN")}
+        if self.program == "moe_dispatch_fp8":
+            return FP8_TILES
         return EP_TILES if self.program in ("moe_dispatch", "moe_combine") else GEMM_TILES
 
     @property
@@ -97,6 +100,12 @@ CASES = [
     Case("moe_dispatch", "rank0-sends-nothing", dict(T=10, H=8, K=2, E=2, C=20), "stay_home", ALL),
     Case("moe_dispatch", "top8", dict(T=5, H=8, K=8, E=4, C=5), "uniform", TWO_FOUR),
     Case("moe_dispatch", "over-capacity", dict(T=10, H=8, K=2, E=2, C=6), "skewed", ALL, "CapacityExceeded"),
+    # fp8 on the wire: H = 16 and 24 are 2 and 3 groups of QG = 8 values, each with its own scale
+    Case("moe_dispatch_fp8", "uniform-top2", dict(T=10, H=16, K=2, E=2, C=20), "uniform", ALL),
+    Case("moe_dispatch_fp8", "skewed-top8", dict(T=5, H=24, K=8, E=4, C=5), "skewed", TWO_THREE),
+    Case("moe_dispatch_fp8", "rank0-sends-nothing-top1", dict(T=9, H=8, K=1, E=3, C=9), "stay_home", TWO_FOUR),
+    Case("moe_dispatch_fp8", "idle-experts", dict(T=10, H=16, K=2, E=2, C=20), "even_only", TWO),
+    Case("moe_dispatch_fp8", "over-capacity", dict(T=10, H=8, K=2, E=2, C=6), "skewed", TWO, "CapacityExceeded"),
     Case("moe_combine", "uniform-top2", dict(T=10, H=12, K=2, E=2, C=20), "uniform", ALL),
     Case("moe_combine", "skewed", dict(T=10, H=12, K=2, E=2, C=10), "skewed", TWO_FOUR),
     Case("moe_combine", "rank0-sends-nothing-top1", dict(T=9, H=8, K=1, E=3, C=9), "stay_home", TWO_THREE),
@@ -132,7 +141,7 @@ def _counts(case: Case, generator: torch.Generator) -> torch.Tensor:
 def _experts(case: Case, world: int) -> tuple[int, int]:
     """(experts the ids range over, experts a rank holds)."""
     E = case.params["E"]
-    return (E * world, E) if case.program in ("moe_dispatch", "moe_combine") else (E, E)
+    return (E * world, E) if case.program in ("moe_dispatch", "moe_dispatch_fp8", "moe_combine") else (E, E)
 
 
 def _inputs(case: Case, world: int, generator: torch.Generator) -> list[dict]:
@@ -150,6 +159,10 @@ def _inputs(case: Case, world: int, generator: torch.Generator) -> list[dict]:
         randn = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
         tensors = {
             "moe_dispatch": lambda: {"X": randn(p["T"], p["H"]), "ids": ids},
+            # magnitudes over 8 binades: every group's values fill e4m3's range differently
+            "moe_dispatch_fp8": lambda: {"X": randn(p["T"], p["H"]) * 2.0 ** (8 * torch.rand(p["T"], p["H"],
+                                                                                            generator=generator) - 4),
+                                         "ids": ids},
             "moe_combine": lambda: {"Y": randn(p["E"], world, p["C"], p["H"]), "ids": ids, "w": randn(p["T"], p["K"])},
             "ag_group_gemm": lambda: {"A": randn(p["T"], p["D"]), "ids": ids, "B": randn(p["E"], p["D"], p["N"])},
             "moe_gemm_rs": lambda: {"Hx": randn(world, p["E"], p["C"], p["I"]), "ids": ids,
@@ -165,6 +178,8 @@ def _expected(case: Case, inputs: list[dict]) -> list[dict]:
     lists = {n: [mine[n] for mine in inputs] for n in inputs[0]}
     outputs = {
         "moe_dispatch": lambda: expect.moe_dispatch(lists["X"], lists["ids"], p["E"], p["C"]),
+        "moe_dispatch_fp8": lambda: expect.moe_dispatch_fp8(lists["X"], lists["ids"], p["E"], p["C"],
+                                                            FP8_TILES["QG"]),
         "moe_combine": lambda: expect.moe_combine(lists["Y"], lists["ids"], lists["w"], p["E"]),
         "ag_group_gemm": lambda: expect.ag_group_gemm(lists["A"], lists["ids"], lists["B"], p["C"]),
         "moe_gemm_rs": lambda: expect.moe_gemm_rs(lists["Hx"], lists["ids"], lists["w"], lists["B"]),
@@ -178,6 +193,9 @@ def _out_shapes(case: Case, world: int) -> dict:
     return {
         "moe_dispatch": lambda: {"recv": ((p["E"], world, p["C"], p["H"]), torch.float32),
                                  "count": ((p["E"], world), torch.int32), "slot": ((p["T"], p["K"]), torch.int32)},
+        "moe_dispatch_fp8": lambda: {"recv": ((p["E"], world, p["C"], p["H"]), torch.float8_e4m3fn),
+                                     "rscale": ((p["E"], world, p["C"], p["H"] // FP8_TILES["QG"]), torch.float32),
+                                     "count": ((p["E"], world), torch.int32), "slot": ((p["T"], p["K"]), torch.int32)},
         "moe_combine": lambda: {"out": ((p["T"], p["H"]), torch.float32)},
         "ag_group_gemm": lambda: {"G": ((world, p["E"], p["C"], p["N"]), torch.float32),
                                   "count": ((world, p["E"]), torch.int32)},
@@ -211,7 +229,9 @@ def _rank(heap, jobs: list) -> list:
                 tensors[n].fill_(float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min)
             try:
                 program(**tensors)
-                per_call.append({n: tensors[n].numpy().copy() for n in outs})
+                # fp8, which numpy lacks, as the float32 values it holds (exactly)
+                per_call.append({n: (tensors[n].float() if tensors[n].element_size() == 1 else tensors[n]).numpy().copy()
+                                 for n in outs})
             except DataError as error:
                 per_call.append((type(error).__name__, str(error)))
         results.append(per_call)
@@ -271,7 +291,7 @@ def _valid(shape, count: torch.Tensor) -> torch.Tensor:
 
 
 # outputs compared below their counts only (group_gemm's count is an input, given back as an expected value)
-UPTO = {"recv": "count", "G": "count"}
+UPTO = {"recv": "count", "rscale": "count", "G": "count"}
 
 
 def assert_matches(got: np.ndarray, want: torch.Tensor, expected: dict, name: str, what: str) -> None:

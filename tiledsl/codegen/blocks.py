@@ -31,8 +31,9 @@ TEMPLATE_NAMES = {"tds_t", "tds_inst", "tds_part", "tds_k", "tds_a", "tds_b", "t
                   "tds_epoch", "tds_program", "tds_programs", "tds_rank", "tds_wpart"}
 
 
-def lower_block(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], kernel, step_waits) -> b.TileBody:
-    return _Block(schedule, family, consts, kernel, tuple(step_waits)).lower()
+def lower_block(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], kernel, step_waits,
+                sites=None) -> b.TileBody:
+    return _Block(schedule, family, consts, kernel, tuple(step_waits), sites).lower()
 
 
 def exotic(value) -> bool:
@@ -51,7 +52,8 @@ def exotic(value) -> bool:
 
 
 class _Block:
-    def __init__(self, schedule, family, consts, kernel, step_waits):
+    def __init__(self, schedule, family, consts, kernel, step_waits, sites=None):
+        from tiledsl.codegen.device import DeviceValues, Sites
         self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
         self.step_waits = step_waits
         self.names: set[str] = set(TEMPLATE_NAMES)
@@ -61,6 +63,9 @@ class _Block:
         self.head: list = []                            # the aranges, first in the body
         self.dot_only = _dot_only_names(family)
         self.shapes: dict[str, tuple] = {}              # each name's shape where it was last bound
+        # device values its regions read (gathered rows' indices, a peer's rank): fetched per statement list
+        self.sites = sites if sites is not None else Sites(schedule)
+        self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
 
     # ---- names and blocks ---------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -149,7 +154,12 @@ class _Block:
                     self.shapes[carried.name] = carried.shape
             else:
                 value = self.value(statement.value, out)
-                out.append(b.Store(self.place(statement.target, self.shape(statement.value)), value))
+                place = self.place(statement.target, self.shape(statement.value), out)
+                cap = self.schedule.tensors[statement.target.tensor].cap
+                if cap is not None:  # counts stored above their cap are reported (and stored as they are)
+                    from tiledsl.codegen.device import capacity_report
+                    out.append(capacity_report(self, place, value, cap))
+                out.append(b.Store(place, b.rounded(self.schedule, statement.target.tensor, value, out, self.fresh)))
 
     # ---- values -------------------------------------------------------------------------------------
     def value(self, value: ir.Value, out: list, into: str | None = None) -> b.Operand:
@@ -193,7 +203,7 @@ class _Block:
     def load(self, value: ir.Load, native: bool, out: list, into: str | None) -> str:
         shape = value.region.shape
         name = into or self.fresh(value.region.tensor)
-        out.append(b.Load(name, self.place(value.region, shape), native))
+        out.append(b.Load(name, self.place(value.region, shape, out), native))
         return name
 
     def apply(self, value: ir.Map, out: list, into: str | None) -> b.Operand:
@@ -288,30 +298,47 @@ class _Block:
         return number if math.isfinite(number) or math.isinf(number) else None
 
     # ---- places -------------------------------------------------------------------------------------
-    def place(self, region: ir.Region, shape) -> b.Place:
+    def place(self, region: ir.Region, shape, out: list) -> b.Place:
         """A region as a block of `shape`: each kept dimension of size other than 1 along the next axis
-        of the value not of size 1 (a [BM, 1] statistic stores into a region of shape [BM])."""
+        of the value not of size 1 (a [BM, 1] statistic stores into a region of shape [BM]). A gathered
+        region's rows are the block's first axis; its point indices and owner are device values, fetched
+        into `out` one per row, and a row whose index is missing or out of range is no row."""
         tensor = self.schedule.tensors[region.tensor]
         shape = tuple(shape or ())
         rank = len(shape)
         names = tuple("" if self.block(size) == 1 else self.arange(size, axis, rank) for axis, size in enumerate(shape))
-        dims, axis = [], 0
+        rows: tuple = (rank,)
+        if region.rows is not None:
+            rows = (rank, 0, self.block(shape[0]), region.rows)
+        values = self.values
+        values.names = names
+        dims, axis, valid = [], len(rows) > 1, []
         for n, dim in enumerate(region.dims):
+            if dim.kept and any(ir.device_values(e) for e in (dim.start, dim.size)):
+                raise b.LoweringError(f"tile '{self.family.name}': a block's rows and columns are fixed; a tensor "
+                                      "element may give a point index or a rank (clip rows with `upto`)")
             stride = self.k(sympy.Mul(*tensor.shape[n + 1:]))
             bound = self.k(tensor.shape[n])
+            start = dim.start
+            if not dim.kept and ir.device_values(start):
+                start, conditions = values.index(start, tensor.shape[n], region.tensor, out, *rows)
+                valid += conditions
             if not dim.kept or dim.size == 1:
                 if dim.kept and axis < rank and shape[axis] == 1:
                     axis += 1
-                dims.append(b.Dim(self.k(dim.start), stride, bound))
+                dims.append(b.Dim(self.k(start), stride, bound))
                 continue
             while axis < rank and shape[axis] == 1:
                 axis += 1
             block = self.block(shape[axis])
             clip = None if self.covers(dim.size) and self.block(dim.size) == block else self.k(dim.size)
-            dims.append(b.Dim(self.k(dim.start), stride, bound, axis, block, clip))
+            dims.append(b.Dim(self.k(start), stride, bound, axis, block, clip))
             axis += 1
         owner = None if region.owner is None else self.k(region.owner)
-        return b.Place(region.tensor, owner, tuple(dims), rank, names)
+        if owner is not None and ir.device_values(owner):
+            owner, conditions = values.index(region.owner, ir.WORLD, f"{region.tensor}@rank", out, *rows)
+            valid += conditions
+        return b.Place(region.tensor, owner, tuple(dims), rank, names, tuple(valid))
 
 
 def _dot_only_names(family: ir.Family) -> set[str]:

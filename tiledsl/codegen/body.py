@@ -19,6 +19,7 @@ from tiledsl.schedule import ir
 from tiledsl.tables import FUNCTIONS
 
 BLOCK_1D = 8192          # elements per step of a 1-D chunk copy
+FP8 = "float8_e4m3fn"
 BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of bf16 in flight
 
 
@@ -373,22 +374,26 @@ def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],
     """The statements of one tile instance; `kernel` rewrites an expression for the kernel (let names);
     `sites` collects the program's guard sites (codegen/device.py). A tile written as a block (names, a
     loop, blocks of several shapes) has a lowering of its own, which puts `step_waits` at the top of each
-    step of its loop; it reads no device values yet."""
+    step of its loop; its regions may gather rows and take point indices from device values, its sizes
+    may not read them yet."""
     from tiledsl.codegen.blocks import exotic, lower_block
     if family.body or any(exotic(s.value) for s in family.stores):
-        if _device_valued(family):
+        if any(isinstance(s.value, ir.Route) for s in family.stores) or _device_sized(family.body):
             raise LoweringError(f"tile '{family.name}': a tile written as a block (names, a loop, where, row "
-                                "reductions) does not read tensor elements as sizes or indices yet, nor route")
-        return lower_block(schedule, family, consts, kernel, step_waits)
+                                "reductions) does not read tensor elements as sizes yet (a loop's extent, a "
+                                "named size), nor route")
+        return lower_block(schedule, family, consts, kernel, step_waits, sites)
     return _Tile(schedule, family, consts, kernel, sites).lower()
 
 
-def _device_valued(family: ir.Family) -> bool:
-    """Whether a family reads device values in its regions or stores a routing (codegen/device.py)."""
-    regions = family.reads + family.writes
-    return any(r.rows is not None or ir.device_values(r.owner) or any(ir.device_values(e) for d in r.dims
-                                                                       for e in (d.start, d.size))
-               for r in regions) or any(isinstance(s.value, ir.Route) for s in family.stores)
+def _device_sized(statements) -> bool:
+    """Whether a block's loop extent or named size reads a device value."""
+    for s in statements:
+        if isinstance(s, ir.SizeLet) and ir.device_values(s.value):
+            return True
+        if isinstance(s, ir.Loop) and (ir.device_values(s.extent) or _device_sized(s.body)):
+            return True
+    return False
 
 
 class _Tile:
@@ -440,7 +445,7 @@ class _Tile:
             if cap is not None:  # counts stored above their cap are reported (and stored as they are)
                 from tiledsl.codegen.device import capacity_report
                 out.append(capacity_report(self, place, value, cap))
-            out.append(Store(place, value))
+            out.append(Store(place, rounded(self.schedule, store.target.tensor, value, out, self.fresh)))
         return TileBody(tuple(out), self.product, tma_target, tuple(self.blocks))
 
     def axis(self, size: sympy.Expr, n: int) -> tuple[sympy.Expr, int | str]:
@@ -610,6 +615,16 @@ def _chunk_statement(schedule, family, kernel, source, target, rows, cols) -> St
     block = BLOCK_2D if cols is not None else (BLOCK_1D,)
     return Copy(_copy_place(schedule, source, kernel), _copy_place(schedule, target, kernel), rows, cols, block,
                 family.split, family.reduce == "add")
+
+
+def rounded(schedule: ir.Schedule, tensor: str, value: Operand, out: list, fresh) -> Operand:
+    """A value about to be stored into `tensor`: into an fp8 tensor, rounded first (a Cast), since the
+    store's own conversion rounds wrongly in Triton's interpreter (runtime/floatmath.py)."""
+    if schedule.tensors[tensor].dtype != FP8 or isinstance(value, Scalar):
+        return value
+    name = fresh("fp8")
+    out.append(Cast(name, FP8, value))
+    return name
 
 
 def _copy_place(schedule: ir.Schedule, region: ir.Region, kernel) -> Place:

@@ -56,6 +56,9 @@ class DeviceValues:
                  consts: dict[str, int]):
         self.schedule, self.k, self.sites, self.fresh, self.consts = schedule, kernel, sites, fresh, consts
         self.fetched: dict[tuple, tuple[sympy.Symbol, Place, sympy.Symbol | None]] = {}
+        # the aranges of the block that gathered values are fetched along (a block tile's values each have
+        # their own: `_Block.place` sets them); None: the tile's one block (render.AXES)
+        self.names: tuple[str, ...] | None = None
 
     def read(self, expr, out: list, axes: int = 0, axis: int | None = None, block=None, rows=None) -> sympy.Expr:
         """`expr` with each device value replaced by the symbol a Fetch (appended to `out`) loads it
@@ -68,7 +71,7 @@ class DeviceValues:
 
     def fetch(self, value, out: list, axes: int = 0, axis: int | None = None, block=None, rows=None):
         """(symbol, place, exists) of one device value, fetched into `out` the first time."""
-        key = (id(out), value)
+        key = (id(out), value, self.names)
         if key in self.fetched:
             return self.fetched[key]
         name = ir.value_tensor(value)
@@ -104,7 +107,7 @@ class DeviceValues:
                 dims.append(Dim(self.k(start), stride, bound, axis, block, clip))
             else:
                 dims.append(Dim(self.k(arg), stride, bound))
-        return Place(name, None if owner == ir.RANK else self.k(owner), tuple(dims), axes)
+        return Place(name, None if owner == ir.RANK else self.k(owner), tuple(dims), axes, self.names)
 
     def index(self, start, extent, target: str, out: list, axes: int, axis=None, block=None,
               rows=None) -> tuple[sympy.Expr, tuple]:

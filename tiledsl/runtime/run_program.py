@@ -117,9 +117,16 @@ def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: l
                 args[spec.name].copy_(inputs[heap.rank][spec.name])
         program(**args)
         # numpy arrays travel back by value; torch tensors would be shared through this process's fds
-        outputs.append({s.name: args[s.name].numpy().copy() for s in program.callers if s.role in ("out", "inout")})
+        outputs.append({s.name: _numpy(args[s.name]) for s in program.callers if s.role in ("out", "inout")})
     heap.close()
     return outputs
+
+
+def _numpy(tensor: torch.Tensor):
+    """A copy as a numpy array; fp8, which numpy lacks, as the float32 values it holds (exactly)."""
+    if tensor.is_floating_point() and tensor.element_size() == 1:
+        tensor = tensor.float()
+    return tensor.numpy().copy()
 
 
 def poison(dtype: torch.dtype) -> float | int:
@@ -189,38 +196,49 @@ def rounded_dtype(schedule, tensor: str, dtype: str) -> str:
     while pending:
         written = pending.pop()
         for family in schedule.families.values():
-            if family.name in seen or not any(r.tensor == written for r in family.writes):
+            if (family.name, written) in seen or not any(r.tensor == written for r in family.writes):
                 continue
-            seen.add(family.name)
+            seen.add((family.name, written))
             pending.extend(r.tensor for r in family.reads)
-            for cast in _casts(family):
+            for cast in _casts(family, written):
                 if TOLERANCE.get(cast, 0.0) > TOLERANCE.get(coarsest, 0.0):
                     coarsest = cast
     return coarsest
 
 
-def _casts(family):
+def _casts(family, written: str) -> set[str]:
+    """The dtypes a family's stores into `written` round to on the way: in the stored value, or in a
+    name it reads (a block's names carry the casts of every binding, loop updates included)."""
     from tiledsl.schedule import ir
+    of_name: dict[str, set[str]] = {}
 
-    def walk(value):
+    def walk(value) -> set[str]:
+        if isinstance(value, ir.Local):
+            return set(of_name.get(value.name, ()))
         if isinstance(value, ir.Map):
-            if value.func.startswith("cast:"):
-                yield value.func[5:]
-            for arg in value.args:
-                yield from walk(arg)
-        elif isinstance(value, ir.MatMul):
-            yield from walk(value.left)
-            yield from walk(value.right)
-        elif isinstance(value, (ir.Reduce, ir.Transpose)):
-            yield from walk(value.body if isinstance(value, ir.Reduce) else value.value)
+            found = {value.func[5:]} if value.func.startswith("cast:") else set()
+            return found.union(*(walk(a) for a in value.args))
+        if isinstance(value, ir.MatMul):
+            return walk(value.left) | walk(value.right)
+        if isinstance(value, ir.Reduce):
+            return walk(value.body)
+        if isinstance(value, ir.Transpose):
+            return walk(value.value)
+        return set()
+
+    found: set[str] = set()
 
     def statements(items):
         for s in items:
             if isinstance(s, ir.Loop):
-                yield from statements(s.body)
-            else:
-                yield from walk(s.value)
-    yield from statements(family.body or family.stores)
+                statements(s.body)
+                statements(s.body)  # a carried name's update reads the previous step's casts
+            elif isinstance(s, ir.Let):
+                of_name[s.name] = of_name.get(s.name, set()) | walk(s.value)
+            elif isinstance(s, ir.Store) and s.target.tensor == written:
+                found.update(walk(s.value))
+    statements(family.body or family.stores)
+    return found
 
 
 def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1) -> dict:

@@ -8,7 +8,8 @@ import sys as tds_sys
 import triton
 import triton.language as tl
 
-from tiledsl.runtime import intmath as tds_int, launch as tds_launch, sync as tds_sync, timeline as tds_timeline
+from tiledsl.runtime import floatmath as tds_float, intmath as tds_int, launch as tds_launch
+from tiledsl.runtime import sync as tds_sync, timeline as tds_timeline
 
 
 # programs/ag_gemm.tds:16 tile mm[i in world * (Ms/BM), j in cdiv(N, BN)]: C[i*BM : +BM, j*BN : +BN] =

@@ -8,7 +8,8 @@ import sys as tds_sys
 import triton
 import triton.language as tl
 
-from tiledsl.runtime import intmath as tds_int, launch as tds_launch, sync as tds_sync, timeline as tds_timeline
+from tiledsl.runtime import floatmath as tds_float, intmath as tds_int, launch as tds_launch
+from tiledsl.runtime import sync as tds_sync, timeline as tds_timeline
 
 
 # programs/copy.tds:8 tile cp[i in cdiv(N, BLOCK)]: Y[i*BLOCK : +BLOCK] = X[i*BLOCK : +BLOCK]
