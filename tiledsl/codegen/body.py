@@ -226,9 +226,11 @@ class Wait:
     shmem: bool = False                                 # NVSHMEM writes the slot: its own wait follows
     # a `split` producer's parts: slots slot .. slot + parts - 1, all waited on in one vector read
     parts: int = 1
-    # `*` over the producer's last indices: slots slot .. slot + span - 1 (parts included), waited on a
-    # vector at a time (sync.wait_span); None where the wait names one instance's slots
+    # `*` over a run of the producer's indices: slots slot + j * stride for j in 0 .. span - 1 (over the
+    # last indices: stride 1, parts included), waited on a vector at a time (sync.wait_span); None where
+    # the wait names one instance's slots
     span: sympy.Expr | None = None
+    stride: sympy.Expr = sympy.Integer(1)
     # a wait in a step of the tile's loop spins in line: through the noinline slow path (kept for
     # waits before a tile's body) sp_ag_attention at BM=128 came out wrong on the GPU (sync.wait_inline)
     inline: bool = False

@@ -350,34 +350,47 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
             loops.append((writer, ir.WORLD))
         elif target.over is not None:  # `@ (r for s in n)`: one wait on each of those ranks
             loops.append((target.over[0], kernel(target.over[1])))
-        # `*` over the producer's last indices names consecutive slots (the last index varies fastest):
-        # one ranged wait reads them a vector at a time (sync.wait_span) instead of one loop step each,
-        # which cost every GEMM tile of ag_group_gemm one round trip per pack instance
-        span = sympy.Integer(1)
-        trailing = _trailing_stars(target.index, loops, target.exists) if not shmem else 0
-        for n in range(len(producer.indices) - trailing, len(producer.indices)):
+        # `*` over a run of the producer's indices names slots a fixed stride apart (consecutive where
+        # the run is the last indices, which vary fastest): one ranged wait reads them a vector at a
+        # time (sync.wait_span) instead of one loop step each, which cost every GEMM tile of
+        # ag_group_gemm one round trip per pack instance, and every reduction tile of moe_gemm_rs
+        # (`mm[rank, *, *, n]`) one per expert and row block
+        span, stride = sympy.Integer(1), sympy.Integer(1)
+        end, run = _star_run(target.index, loops, target.exists) if not shmem else (0, 0)
+        if run and end < len(producer.indices) and producer.split > 1:
+            run = 0  # an instance's parts are consecutive slots: a run of them is not one stride apart
+        for n in range(end - run, end):
             span = span * kernel(producer.indices[n][1])
             loops.remove((index[n], kernel(producer.indices[n][1])))
             index[n] = sympy.Integer(0)
+        for n in range(end, len(producer.indices)) if run else ():
+            stride = stride * kernel(producer.indices[n][1])
         instance = sympy.Integer(0)
         for i, (_, extent) in zip(index, producer.indices):
             instance = instance * kernel(extent) + i
         # the producer's parts are consecutive slots, read at once (sync.wait_parts)
         slot = kernel(writer) * _slots(producer, kernel) + instance * producer.split
         yield Wait(number, source_line(schedule, edge.span), producer.name, tuple(loops), slot,
-                   kernel(target.exists), shmem, producer.split, span * producer.split if trailing else None)
+                   kernel(target.exists), shmem, producer.split,
+                   (span * producer.split if stride == 1 else span) if run else None, stride)
 
 
-def _trailing_stars(mapped: tuple, loops: list, exists) -> int:
-    """How many of the producer's last indices an edge names with `*` (and its existence test does not
-    read): their instances are consecutive slots."""
+def _star_run(mapped: tuple, loops: list, exists) -> tuple[int, int]:
+    """(end, length) of the last run of consecutive producer indices an edge names with `*` (and its
+    existence test does not read), indices end - length .. end - 1: their instances are slots one
+    stride apart, the stride being the instances of the indices after the run. (0, 0) where none."""
     used = sympy.sympify(exists).free_symbols
-    count, star = 0, iter(reversed([var for var, _ in loops[:sum(m is None for m in mapped)]]))
-    for m in reversed(mapped):
-        if m is not None or next(star) in used:
+    star = iter(reversed([var for var, _ in loops[:sum(m is None for m in mapped)]]))
+    end, length = 0, 0
+    for n in reversed(range(len(mapped))):
+        if mapped[n] is not None:
+            if length:
+                break
+            continue
+        if next(star) in used:
             break
-        count += 1
-    return count
+        end, length = (n + 1 if not length else end), length + 1
+    return end, length
 
 
 def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:

@@ -88,8 +88,9 @@ def wait_call(wait: body.Wait, family, indent: str) -> str:
         helper = "wait_inline"
     parts = f", PARTS={wait.parts}, BLOCK={1 << (wait.parts - 1).bit_length()}" if wait.parts > 1 else ""
     count = ""
-    if wait.span is not None:  # consecutive slots, a runtime count of them, read SPAN_BLOCK at a time
-        helper, parts, count = "wait_span", f", BLOCK={SPAN_BLOCK}", f"{slot_code(wait.span, family)}, "
+    if wait.span is not None:  # slots a stride apart, a runtime count of them, read SPAN_BLOCK at a time
+        helper, parts = "wait_span", f", BLOCK={SPAN_BLOCK}"
+        count = f"{slot_code(wait.span, family)}, {slot_code(wait.stride, family)}, "
 
     def call(slot: str) -> str:
         return wrap(f"{indent}tds_sync.{helper}(tds_sig_{wait.producer} + {slot}, {count}tds_epoch, diag=tds_diag, "

@@ -94,15 +94,16 @@ def wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.
 
 
 @triton.jit
-def wait_span(sig_ptr, count, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
-    """Until each of the `count` consecutive slots from `sig_ptr` (`*` over a producer's last indices:
-    every pack tile of one rank, say) holds `epoch`: BLOCK of them a read, so that a GEMM tile after
-    3072 pack tiles makes one round trip to memory, not 3072. Past `max_spins` reads of a block, each of
-    its slots' own wait records which one is missing."""
+def wait_span(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
+    """Until each of the `count` slots `sig_ptr + j * stride` (`*` over a run of a producer's indices:
+    every pack tile of one rank, say, stride 1; or every expert and row block of one column block)
+    holds `epoch`: BLOCK of them a read, so that a GEMM tile after 3072 pack tiles makes one round trip
+    to memory, not 3072. Past `max_spins` reads of a block, each of its slots' own wait records which
+    one is missing."""
     lanes = tl.arange(0, BLOCK)
     for first in range(0, count, BLOCK):
         inside = first + lanes < count
-        slots = sig_ptr + first + lanes
+        slots = sig_ptr + (first + lanes) * stride
         seen = tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
         least = tl.min(tl.where(inside, seen, epoch), axis=0)
         spins = 0
@@ -114,7 +115,7 @@ def wait_span(sig_ptr, count, epoch, diag, max_spins, rank, edge, instance, BLOC
                 spins = max_spins  # another wait already timed out: the call is lost, stop spinning
         if least < epoch:
             for slot in range(first, tl.minimum(first + BLOCK, count)):
-                wait(sig_ptr + slot, epoch, diag, max_spins, rank, edge, instance)
+                wait(sig_ptr + slot * stride, epoch, diag, max_spins, rank, edge, instance)
 
 
 @triton.jit
