@@ -60,7 +60,7 @@ TILE_VARIANTS = {
 }
 # flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
 # (SLICES in programs/flash_decode.tds), timed beside half and twice as many (forced through its consts)
-SLICE_NEIGHBOURS = (0.5, 2)
+SLICE_NEIGHBOURS = (0.5, 2, 4)
 BF16 = {"device": "cuda", "dtype": torch.bfloat16}
 _said = set()
 
@@ -243,6 +243,9 @@ class DecodePrograms:
         self.default = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap)
         # the same with a one-pass combine (bench/experiments/flash_decode_onepass.tds), at the same slices
         self.onepass = tiledsl.compile(ROOT / "bench" / "experiments" / "flash_decode_onepass.tds", heap)
+        # the same with 128 keys a step: twice the bytes of K and V in flight a part tile (2026-12-01 at
+        # world 1, batch 8 streamed 1.4 TB/s at 64K keys a rank with 2 or 4 slices alike, torch 2.0)
+        self.wide = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap, BN=128)
         self.forced = {}
 
     def slices(self, B, H, HKV, C, world) -> int:
@@ -270,19 +273,22 @@ def decode_row(programs, B, C, world, verdicts):
     tag = f"decode B={B} kv={C}"
     chosen = programs.slices(B, H, HKV, C, world)
     row["tiledsl_slices"] = chosen
-    variants = [("tiledsl", chosen, programs.default), ("tiledsl_onepass", chosen, programs.onepass)]
+    variants = [("tiledsl", chosen, programs.default), ("tiledsl_onepass", chosen, programs.onepass),
+                ("tiledsl_BN128", chosen, programs.wide)]
     for factor in SLICE_NEIGHBOURS:
         n = int(chosen * factor)
         if 1 <= n <= C:
             variants.append((f"tiledsl_NS{n}", n, programs.force(n)))
     for key, slices, program in variants:
-        how = {"tiledsl": "", "tiledsl_onepass": " (one-pass combine)"}.get(key, " (forced)")
+        how = {"tiledsl": "", "tiledsl_onepass": " (one-pass combine)", "tiledsl_BN128": " (BN=128)"}.get(key,
+                                                                                                      " (forced)")
         name = f"{tag} flash_decode {slices} slices{how}"
         row[key] = time_checked(verdicts, name, program_call(program, Q, K, V, Lens, O), program.check, O, want,
                                 timer=time_loop_ms)
         program.release()  # its prepared calls keep this row's caches alive
     row["tiledsl_best"], row["tiledsl_best_slices"] = min(
-        ((row[key], n if key != "tiledsl_onepass" else f"{n}, one pass") for key, n, _ in variants),
+        ((row[key], {"tiledsl_onepass": f"{n}, one pass", "tiledsl_BN128": f"{n}, BN=128"}.get(key, n))
+         for key, n, _ in variants),
         key=lambda x: (math.isnan(x[0]), x[0]))
     best = (NAN, None)
     for how in ("flash", "matmul"):
