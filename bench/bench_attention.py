@@ -57,6 +57,8 @@ TILE_VARIANTS = {
     "BM128_BN64_3stages": ("attention_local", {"BM": 128, "BN": 64}, {"num_stages": 3}),
     "split_BM128_BN64": ("attention_local_split", {"BM": 128, "BN": 64}, {}),
     "BM128_BN128": ("attention_local", {"BM": 128, "BN": 128}, {}),
+    # the SP program's loop and waits without its gather: which of the two costs SP its 1.5x at BM=128
+    "waits_BM128_BN64_3stages": ("attention_local_waits", {"BM": 128, "BN": 64}, {"num_stages": 3}),
 }
 # flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
 # (SLICES in programs/flash_decode.tds), timed beside half and twice as many (forced through its consts)

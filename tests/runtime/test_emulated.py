@@ -176,6 +176,28 @@ def test_a_copy_engine_wait_on_a_row_past_the_producer_waits_on_nothing(tmp_path
     assert verdict.ok, verdict.line()
 
 
+def test_a_constant_stored_by_a_tile_or_a_block_fills_its_region(tmp_path):
+    """`Y[...] = 2.5` passed the checker and then failed inside code generation (`1.0.to(...)`, an
+    internal error): a constant is stored as a block of it, by a one-block tile and by a block tile."""
+    (path := tmp_path / "consts.tds").write_text(textwrap.dedent("""\
+        program consts
+        param N, M
+        const BN = 16
+        in  X : f32[N, M]
+        out Y : f32[N, M]
+        out Z : f32[N, M]
+        out W : f32[N]
+        tile fill[i in cdiv(N, BN)]: Y[i*BN : +BN, :] = 2.5
+        tile blk[i in cdiv(N, BN)]:
+            x = X[i*BN : +BN, :]
+            W[i*BN : +BN] = 7
+            Z[i*BN : +BN, :] = x + rowmax(x)
+        """))
+    verdicts = run_emulated(os.fspath(path), 2, sizes={"N": 37, "M": 20})
+    assert [v.tensor for v in verdicts] == ["Y", "Z", "W"]
+    assert all(v.ok for v in verdicts), [v.line() for v in verdicts]
+
+
 # ---- known limits of the interpreter --------------------------------------------------------------
 
 def test_bf16_runs_as_float32_and_the_verdict_says_so(tmp_path):

@@ -154,7 +154,12 @@ class _Block:
                     self.shapes[carried.name] = carried.shape
             else:
                 value = self.value(statement.value, out)
-                place = self.place(statement.target, self.shape(statement.value), out)
+                shape = self.shape(statement.value)
+                if isinstance(value, b.Scalar):  # a constant stored: a block of it, the region's shape
+                    shape, full = statement.target.shape, self.fresh("full")
+                    out.append(b.Full(full, tuple(self.block(d) for d in shape), value))
+                    value = full
+                place = self.place(statement.target, shape, out)
                 cap = self.schedule.tensors[statement.target.tensor].cap
                 if cap is not None:  # counts stored above their cap are reported (and stored as they are)
                     from tiledsl.codegen.device import capacity_report

@@ -443,12 +443,19 @@ class _Tile:
                 tma_target = store.target.tensor
                 continue
             place = self.place(store.target, out)
+            if isinstance(value, Scalar):  # a constant stored: a block of it, the tile's shape
+                value = self._full(value, tuple(block for _, block in self.axes), out)
             cap = self.schedule.tensors[store.target.tensor].cap
             if cap is not None:  # counts stored above their cap are reported (and stored as they are)
                 from tiledsl.codegen.device import capacity_report
                 out.append(capacity_report(self, place, value, cap))
             out.append(Store(place, rounded(self.schedule, store.target.tensor, value, out, self.fresh)))
         return TileBody(tuple(out), self.product, tma_target, tuple(self.blocks))
+
+    def _full(self, value: Scalar, blocks: tuple, out: list) -> str:
+        name = self.fresh("full")
+        out.append(Full(name, blocks, value))
+        return name
 
     def axis(self, size: sympy.Expr, n: int) -> tuple[sympy.Expr, int | str]:
         value = size.subs({ir.size_symbol(k): v for k, v in self.consts.items()})
