@@ -19,7 +19,7 @@ PROGRAMS = sorted((ROOT / "programs").glob("*.tds")) + sorted((ROOT / "bench" / 
 MATMUL_PROGRAMS = {"ag_gemm", "ag_gemm_push", "gemm", "gemm_rs"}  # at least these; found from the modules
 # tiles written as blocks whose products (plain tl.dot) have 64 rows or more: wgmma too. flash_decode's
 # have the 8 query heads of a KV head as rows (a block of 16): mma.sync, no HGMMA.
-BLOCK_WGMMA_PROGRAMS = {"sp_ag_attention", "sp_ulysses", "attention_local"}
+BLOCK_WGMMA_PROGRAMS = {"sp_ag_attention", "sp_ulysses", "attention_local", "group_gemm_fp8"}
 HOPPER_SHARED_BYTES = 227 * 1024  # the most one block may use on sm_90
 
 

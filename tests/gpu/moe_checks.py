@@ -29,6 +29,8 @@ BF16 = torch.bfloat16
 EP_SHAPES = [(128, 7168, 8, 16, 128), (333, 1000, 2, 4, 333), (64, 2048, 1, 8, 64)]
 # (T, D or I, N, K, E, C) of the two grouped GEMMs
 GEMM_SHAPES = [(256, 1024, 512, 2, 8, 256), (100, 512, 384, 8, 16, 100), (77, 256, 128, 1, 4, 77)]
+# (D, N, E, C) of group_gemm_fp8: counts random below C, none a multiple of its 128-row tiles
+FP8_GEMM_SHAPES = [(1024, 512, 8, 300), (256, 136, 3, 77)]
 HEAP_BYTES = str(16 << 30)
 
 
@@ -233,6 +235,25 @@ def dispatch_fp8_case(world, rank, T, H, K, E, C, kind):
                 verify)
 
 
+def group_gemm_fp8_case(D, N, E, C):
+    """group_gemm_fp8 alone on this rank: random counts (one expert empty), fp8 rows with a scale per
+    FP8_GROUP values, against the dequantised rows (rounded to bf16, as the tile rounds them) @ B."""
+    count, P, S = empty(E, dtype=torch.int32), empty(E, C, D, dtype=torch.float8_e4m3fn), empty(E, C, D // FP8_GROUP)
+    B, G, want = empty(E, D, N, dtype=BF16), empty(E, C, N, dtype=BF16), empty(E, C, N)
+
+    def refresh():
+        count.copy_(torch.randint(1, C + 1, (E,), device=count.device))
+        count[1] = 0
+        P.copy_((torch.randn(E, C, D, device=P.device) * 100).to(torch.float8_e4m3fn))
+        S.uniform_(1e-3, 2e-2)
+        B.normal_().mul_(D ** -0.5)
+        rows = (P.float().unflatten(-1, (D // FP8_GROUP, FP8_GROUP)) * S.unsqueeze(-1)).flatten(-2)
+        want.copy_(torch.bmm(rows.to(BF16).float(), B.float()))
+        G.fill_(NAN)
+    return Case(({"count": count, "P": P, "S": S, "B": B, "G": G},), refresh,
+                lambda: close_below(G, want, count))
+
+
 def combine_case(world, rank, T, H, K, E, C, kind):
     Y, ids, w = empty(E, world, C, H, dtype=BF16), empty(T, K, dtype=torch.int32), empty(T, K)
     out, want = empty(T, H, dtype=BF16), empty(T, H)
@@ -349,6 +370,9 @@ def main() -> int:
         for kind in routings(K, E * world, E, ep=True, every=n == 0):
             record(f"moe_dispatch_fp8 T={T} H={H} K={K} E={E}x{world} C={C} {kind}", repeated(
                 heap, "moe_dispatch_fp8", lambda: dispatch_fp8_case(world, rank, T, H, K, E, C, kind)))
+    for D, N, E, C in FP8_GEMM_SHAPES:
+        record(f"group_gemm_fp8 D={D} N={N} E={E} C={C}", repeated(
+            heap, "group_gemm_fp8", lambda: group_gemm_fp8_case(D, N, E, C)))
     T, H, K, E, C = EP_SHAPES[0]
     record(f"user CUDA graph, moe_dispatch_fp8 T={T} H={H} K={K}",
            user_graph(heap, "moe_dispatch_fp8", lambda: dispatch_fp8_case(world, rank, T, H, K, E, C, "uniform")))

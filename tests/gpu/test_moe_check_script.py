@@ -32,7 +32,7 @@ def _everyone(tensors: dict) -> dict:
 def _stand_in(name, inputs, outputs, rank):
     import moe_expectations as expect
     world = dist.get_world_size()
-    every = _everyone(inputs)
+    every = None if name == "group_gemm_fp8" else _everyone(inputs)  # fp8 tensors do not pickle
     if name == "moe_dispatch":
         E, C = outputs["recv"].shape[0], outputs["recv"].shape[2]
         sent = expect.histogram(inputs["ids"], E * world)
@@ -52,6 +52,12 @@ def _stand_in(name, inputs, outputs, rank):
         if int(counts[:, 0].max()) > C:
             raise CapacityExceeded(f"rank {rank}: count[0, 0] = {int(counts[0, 0])} is above its cap {C}")
         got = expect.ag_group_gemm(every["A"], every["ids"], every["B"], C)
+    elif name == "group_gemm_fp8":  # one rank's own: no collective
+        C, group = inputs["P"].shape[1], inputs["P"].shape[2] // inputs["S"].shape[2]
+        if int(inputs["count"].max()) > C:
+            raise CapacityExceeded(f"rank {rank}: count[0] = {int(inputs['count'].max())} is above its cap {C}")
+        got = {"G": [expect.group_gemm_fp8([inputs["count"]], [inputs["P"]], [inputs["S"]], [inputs["B"]],
+                                           group)["G"][0]] * world}
     else:
         got = expect.moe_gemm_rs(every["Hx"], every["ids"], every["w"], every["B"])
     for n, values in got.items():
@@ -63,8 +69,9 @@ class StandIn:
     """A MoE program computed by moe_expectations; `stale`: from the second call on, from the previous
     call's inputs."""
 
-    INPUTS = {"moe_dispatch": ("X", "ids"), "moe_dispatch_fp8": ("X", "ids"), "moe_combine": ("Y", "ids", "w"), "ag_group_gemm": ("A", "ids", "B"),
-              "moe_gemm_rs": ("Hx", "ids", "w", "B")}
+    INPUTS = {"moe_dispatch": ("X", "ids"), "moe_dispatch_fp8": ("X", "ids"),
+              "group_gemm_fp8": ("count", "P", "S", "B"), "moe_combine": ("Y", "ids", "w"),
+              "ag_group_gemm": ("A", "ids", "B"), "moe_gemm_rs": ("Hx", "ids", "w", "B")}
 
     def __init__(self, name, stale):
         self.name, self.stale, self.previous = name, stale, None
@@ -91,6 +98,7 @@ def _script_rank(rank, world, port, stale, results):
     moe_checks.CALLS = 12  # more than one round of calls back to back
     moe_checks.EP_SHAPES = [(10, 12, 2, 2, 10), (9, 8, 1, 3, 9)]
     moe_checks.FP8_GROUP = 4  # 3 and 2 scales a row at these widths
+    moe_checks.FP8_GEMM_SHAPES = [(12, 8, 3, 9)]
     moe_checks.GEMM_SHAPES = [(10, 16, 24, 2, 4, 10), (5, 8, 16, 8, 8, 5)]
     moe_checks.tiledsl = type("tiledsl", (), {"compile": staticmethod(
         lambda source, heap=None, **options: StandIn(Path(source).stem, stale))})
@@ -121,7 +129,8 @@ def test_moe_checks_pass_a_correct_stand_in_and_fail_a_stale_one(capfd):
     passed, failed = _lines(out, "PASS"), _lines(out, "FAIL")
     assert failed and all(name.startswith(RUNTIME_ONLY) for name in failed), out
     programs = {name.split()[0] for name in passed}
-    assert programs == {"moe_dispatch", "moe_dispatch_fp8", "moe_combine", "ag_group_gemm", "moe_gemm_rs"}, out
+    assert programs == {"moe_dispatch", "moe_dispatch_fp8", "group_gemm_fp8", "moe_combine", "ag_group_gemm",
+                        "moe_gemm_rs"}, out
     assert {"moe_dispatch over capacity raises CapacityExceeded",
             "ag_group_gemm over capacity raises CapacityExceeded"} <= set(passed), out
     for routing in ("uniform", "skewed", "idle", "stay_home"):

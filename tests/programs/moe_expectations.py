@@ -119,3 +119,11 @@ def group_gemm(count, P, B):
             out[e, :rows] = P_r[e, :rows].double() @ B_r[e].double()
         G.append(out)
     return {"G": G, "count": list(count)}
+
+
+def group_gemm_fp8(count, P, S, B, group: int):
+    """group_gemm on fp8 rows: each row's values times their group's scale, rounded to bf16 (as the
+    tile rounds them before its product), then @ B[e] below count[e]."""
+    rows = [(p.double().unflatten(-1, (-1, group)) * s.double().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+            for p, s in zip(P, S, strict=True)]
+    return group_gemm(count, rows, B)

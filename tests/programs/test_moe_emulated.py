@@ -50,6 +50,8 @@ class Case:
     def consts(self) -> dict:
         if self.program == "group_gemm":
             return {n: GEMM_TILES[n] for n in ("BM", "BN")}
+        if self.program == "group_gemm_fp8":
+            return {"BM": GEMM_TILES["BM"], "BN": GEMM_TILES["BN"], "QG": FP8_TILES["QG"]}
         if self.program == "moe_dispatch_fp8":
             return FP8_TILES
         return EP_TILES if self.program in ("moe_dispatch", "moe_combine") else GEMM_TILES
@@ -124,7 +126,12 @@ CASES = [
     # the grouped GEMM alone: counts given on the device, one of them 0, none a multiple of BM = 16
     Case("group_gemm", "ragged-counts", dict(D=16, N=24, E=4, C=37), "uniform", TWO),
     Case("group_gemm", "over-capacity", dict(D=8, N=16, E=3, C=9), "uniform", TWO, "CapacityExceeded"),
+    # on fp8 rows (moe_dispatch_fp8's output): D = 24 is 3 groups of QG = 8, each with its own scales
+    Case("group_gemm_fp8", "ragged-counts", dict(D=24, N=24, E=4, C=37), "uniform", TWO),
+    Case("group_gemm_fp8", "over-capacity", dict(D=8, N=16, E=3, C=9), "uniform", TWO, "CapacityExceeded"),
 ]
+# inputs the programs take in a dtype numpy lacks: sent as float32 (exact), stored in that dtype
+INPUT_DTYPES = {("group_gemm_fp8", "P"): torch.float8_e4m3fn}
 RUNS = [(case, world) for case in CASES for world in case.worlds]
 
 
@@ -153,6 +160,14 @@ def _inputs(case: Case, world: int, generator: torch.Generator) -> list[dict]:
         if case.program == "group_gemm":
             randn = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
             out.append({"count": _counts(case, generator), "P": randn(p["E"], p["C"], p["D"]),
+                        "B": randn(p["E"], p["D"], p["N"])})
+            continue
+        if case.program == "group_gemm_fp8":
+            randn = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+            groups = p["D"] // FP8_TILES["QG"]
+            out.append({"count": _counts(case, generator),
+                        "P": (randn(p["E"], p["C"], p["D"]) * 100).to(torch.float8_e4m3fn).float(),
+                        "S": torch.rand(p["E"], p["C"], groups, generator=generator) / 50 + 1e-3,
                         "B": randn(p["E"], p["D"], p["N"])})
             continue
         ids = ROUTINGS[case.routing](rank, world, p["T"], p["K"], experts, local, generator).to(torch.int32)
@@ -184,6 +199,8 @@ def _expected(case: Case, inputs: list[dict]) -> list[dict]:
         "ag_group_gemm": lambda: expect.ag_group_gemm(lists["A"], lists["ids"], lists["B"], p["C"]),
         "moe_gemm_rs": lambda: expect.moe_gemm_rs(lists["Hx"], lists["ids"], lists["w"], lists["B"]),
         "group_gemm": lambda: expect.group_gemm(lists["count"], lists["P"], lists["B"]),
+        "group_gemm_fp8": lambda: expect.group_gemm_fp8(lists["count"], lists["P"], lists["S"], lists["B"],
+                                                        FP8_TILES["QG"]),
     }[case.program]()
     return [{n: values[rank] for n, values in outputs.items()} for rank in range(len(inputs))]
 
@@ -201,6 +218,7 @@ def _out_shapes(case: Case, world: int) -> dict:
                                   "count": ((world, p["E"]), torch.int32)},
         "moe_gemm_rs": lambda: {"Y": ((p["T"], p["N"]), torch.float32)},
         "group_gemm": lambda: {"G": ((p["E"], p["C"], p["N"]), torch.float32)},
+        "group_gemm_fp8": lambda: {"G": ((p["E"], p["C"], p["N"]), torch.float32)},
     }[case.program]()
 
 
@@ -219,7 +237,8 @@ def _rank(heap, jobs: list) -> list:
                                             dtype_override=EMULATED, wait_timeout_s=20.0, **consts)
         program = programs[key]
         mine = calls[0][heap.rank]
-        tensors = {n: torch.empty_like(torch.from_numpy(t)) for n, t in mine.items()}
+        tensors = {n: torch.empty(t.shape, dtype=INPUT_DTYPES.get((name, n), torch.from_numpy(t).dtype))
+                   for n, t in mine.items()}
         tensors |= {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in outs.items()}
         per_call = []
         for call in calls:

@@ -232,7 +232,8 @@ def assert_matches(got: np.ndarray, want: torch.Tensor, what: str) -> None:
 
 # programs whose inputs are routings: test_moe_emulated.py runs them against moe_expectations.py, on
 # routings that stress the data dependence, at worlds 2-4
-ROUTED = {"moe_dispatch", "moe_dispatch_fp8", "moe_combine", "ag_group_gemm", "moe_gemm_rs", "group_gemm"}
+ROUTED = {"moe_dispatch", "moe_dispatch_fp8", "moe_combine", "ag_group_gemm", "moe_gemm_rs", "group_gemm",
+          "group_gemm_fp8"}
 
 
 def test_every_program_has_an_expectation_and_runs_at_worlds_2_3_and_4():
