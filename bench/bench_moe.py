@@ -1,10 +1,11 @@
 """The MoE programs under torchrun (world 2), bf16, against torch measured in the same run on random data:
   - dispatch + combine (moe_dispatch, moe_combine) at DeepSeek-V3's routing (hidden 7168, 256 experts,
-    top-8) at 128 and 4096 tokens per rank, the dispatch in bf16 and in fp8 (moe_dispatch_fp8), against all_to_all_single with the splits exchanged first
-    and against torch's symmetric-memory all_to_all_vdev_2d (its error recorded where it does not run);
-    the expert in between is the identity, so every path must give sum over k of w * X;
-  - the grouped GEMM tile alone (group_gemm) against torch._grouped_mm (a loop of matmuls where this
-    torch lacks it: the JSON says which);
+    top-8) at 128 and 4096 tokens per rank, the dispatch in bf16 and in fp8 (moe_dispatch_fp8), against
+    all_to_all_single with the splits exchanged first and against torch's symmetric-memory
+    all_to_all_vdev_2d (its error recorded where it does not run); the expert in between is the
+    identity, so every path must give sum over k of w * X;
+  - the grouped GEMM tile alone (group_gemm, and group_gemm_fp8 on the same rows in fp8) against
+    torch._grouped_mm (a loop of matmuls where this torch lacks it: the JSON says which);
   - AllGather + grouped GEMM (ag_group_gemm) at M = 8192 for Mixtral-8x7B, Qwen1.5-MoE and DeepSeek-MoE,
     and grouped GEMM + top-k reduction + ReduceScatter (moe_gemm_rs), against NCCL plus the grouped GEMM.
 Every timed variant's output is checked against a float reference first (and after timing): a wrong
