@@ -122,6 +122,14 @@ EDGE_RACES = {
         ("race: chunk 'tell' reads sent while tile 'tally' may still write it", "sent[d*E"),
     ("moe_dispatch", "pull[s, e] after"):
         ("race: chunk 'pull' reads send while tile 'pack' may still write it", "send@s["),
+    ("moe_dispatch_fp8", "pack[t, k, h] after route"):
+        ("race: tile 'pack' reads slot while tile 'route' may still write it", "slot[t*BT"),
+    ("moe_dispatch_fp8", "tell[d] after tally"):
+        ("race: chunk 'tell' reads sent while tile 'tally' may still write it", "sent[d*E"),
+    ("moe_dispatch_fp8", "pull[s, e] after"):
+        ("race: chunk 'pull' reads send while tile 'pack' may still write it", "send@s["),
+    ("moe_dispatch_fp8", "pulls[s, e] after"):
+        ("race: chunk 'pulls' reads scale while tile 'pack' may still write it", "scale@s["),
     ("moe_combine", "ret[s, e] after tally"):
         ("race: chunk 'ret' reads sent while tile 'tally' may still write it", "sent@s[rank*E + e], :] ->"),
     ("moe_combine", "comb[t, h] after"):
