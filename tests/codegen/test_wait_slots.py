@@ -41,10 +41,7 @@ def _plan_slots(wait: plan.Wait, env: dict) -> set[int] | None:
     if any(ir.device_values(e) for e in (wait.slot, wait.exists, wait.span, wait.stride)):
         return None
     found = set()
-    extents = [(var, extent) for var, extent in wait.loops]
-    ranges = []
-    for var, extent in extents:
-        ranges.append((var, range(_evaluate(extent, env))))
+    ranges = [(var, range(_evaluate(extent, env))) for var, extent in wait.loops]
     for values in itertools.product(*(r for _, r in ranges)):
         here = {**env, **{var: sympy.Integer(v) for (var, _), v in zip(ranges, values)}}
         if not _holds(wait.exists, here):

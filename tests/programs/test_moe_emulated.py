@@ -230,6 +230,7 @@ def _rank(heap, jobs: list) -> list:
     that raises a DataError (a count above capacity) gives its kind and message instead of outputs."""
     import tiledsl
     from tiledsl.runtime.launch import DataError
+    from tiledsl.runtime.run_program import as_numpy
     programs, results = {}, []
     for name, consts, calls, outs in jobs:
         key = (name, tuple(sorted(consts.items())))
@@ -249,9 +250,7 @@ def _rank(heap, jobs: list) -> list:
                 tensors[n].fill_(float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min)
             try:
                 program(**tensors)
-                # fp8, which numpy lacks, as the float32 values it holds (exactly)
-                per_call.append({n: (tensors[n].float() if tensors[n].element_size() == 1 else tensors[n])
-                                 .numpy().copy() for n in outs})
+                per_call.append({n: as_numpy(tensors[n]) for n in outs})
             except DataError as error:
                 per_call.append((type(error).__name__, str(error)))
         results.append(per_call)

@@ -156,9 +156,8 @@ class _Block:
                 value = self.value(statement.value, out)
                 shape = self.shape(statement.value)
                 if isinstance(value, b.Scalar):  # a constant stored: a block of it, the region's shape
-                    shape, full = statement.target.shape, self.fresh("full")
-                    out.append(b.Full(full, tuple(self.block(d) for d in shape), value))
-                    value = full
+                    shape = statement.target.shape
+                    value = b.full(value, tuple(self.block(d) for d in shape), out, self.fresh)
                 place = self.place(statement.target, shape, out)
                 cap = self.schedule.tensors[statement.target.tensor].cap
                 if cap is not None:  # counts stored above their cap are reported (and stored as they are)

@@ -444,18 +444,13 @@ class _Tile:
                 continue
             place = self.place(store.target, out)
             if isinstance(value, Scalar):  # a constant stored: a block of it, the tile's shape
-                value = self._full(value, tuple(block for _, block in self.axes), out)
+                value = full(value, tuple(block for _, block in self.axes), out, self.fresh)
             cap = self.schedule.tensors[store.target.tensor].cap
             if cap is not None:  # counts stored above their cap are reported (and stored as they are)
                 from tiledsl.codegen.device import capacity_report
                 out.append(capacity_report(self, place, value, cap))
             out.append(Store(place, rounded(self.schedule, store.target.tensor, value, out, self.fresh)))
         return TileBody(tuple(out), self.product, tma_target, tuple(self.blocks))
-
-    def _full(self, value: Scalar, blocks: tuple, out: list) -> str:
-        name = self.fresh("full")
-        out.append(Full(name, blocks, value))
-        return name
 
     def axis(self, size: sympy.Expr, n: int) -> tuple[sympy.Expr, int | str]:
         value = size.subs({ir.size_symbol(k): v for k, v in self.consts.items()})
@@ -626,10 +621,20 @@ def _chunk_statement(schedule, family, kernel, source, target, rows, cols) -> St
                 family.split, family.reduce == "add")
 
 
+def full(value: Scalar, blocks: tuple, out: list, fresh) -> str:
+    """A constant about to be stored: a block of it (a Full), named."""
+    name = fresh("full")
+    out.append(Full(name, blocks, value))
+    return name
+
+
 def rounded(schedule: ir.Schedule, tensor: str, value: Operand, out: list, fresh) -> Operand:
     """A value about to be stored into `tensor`: into an fp8 tensor, rounded first (a Cast), since the
-    store's own conversion rounds wrongly in Triton's interpreter (runtime/floatmath.py)."""
+    store's own conversion rounds wrongly in Triton's interpreter (runtime/floatmath.py); a value the
+    tile already cast to fp8 (`fp8(x / s)`) is not rounded twice."""
     if schedule.tensors[tensor].dtype != FP8 or isinstance(value, Scalar):
+        return value
+    if any(isinstance(s, Cast) and s.name == value and s.dtype == FP8 for s in out):
         return value
     name = fresh("fp8")
     out.append(Cast(name, FP8, value))

@@ -117,12 +117,12 @@ def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: l
                 args[spec.name].copy_(inputs[heap.rank][spec.name])
         program(**args)
         # numpy arrays travel back by value; torch tensors would be shared through this process's fds
-        outputs.append({s.name: _numpy(args[s.name]) for s in program.callers if s.role in ("out", "inout")})
+        outputs.append({s.name: as_numpy(args[s.name]) for s in program.callers if s.role in ("out", "inout")})
     heap.close()
     return outputs
 
 
-def _numpy(tensor: torch.Tensor):
+def as_numpy(tensor: torch.Tensor):
     """A copy as a numpy array; fp8, which numpy lacks, as the float32 values it holds (exactly)."""
     if tensor.is_floating_point() and tensor.element_size() == 1:
         tensor = tensor.float()
