@@ -16,7 +16,7 @@ from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     ragged_sizes, small_sizes, topologies)
+                                     per_schedule, ragged_sizes, small_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -170,6 +170,11 @@ def _unused(schedule: ir.Schedule):
 
 # ---- bounds --------------------------------------------------------------------------------------
 
+@per_schedule
+def _program_slices(schedule: ir.Schedule) -> dict[ast.Span, tuple]:
+    return _slices(schedule.program)
+
+
 def _slices(program: ast.Program) -> dict[ast.Span, tuple]:
     """The slices of every subscript in the families, by span: the IR does not keep whether a range
     was written `a : b` (must fit) or `a : +n` (clipped at the end of the dimension)."""
@@ -193,13 +198,16 @@ def _slices(program: ast.Program) -> dict[ast.Span, tuple]:
 
 def _bounds(concrete: Concrete):
     schedule = concrete.schedule
-    slices = _slices(schedule.program)
-    idle = _writing_nothing(concrete)
+    slices = _program_slices(schedule)
+    idle = None
     for access in concrete.accesses:
-        pieces = slices.get(access.region.span, ())
         shape = concrete.shapes[access.region.tensor]
+        if all(first >= 0 and stop <= extent for (first, _, stop), extent in zip(access.reach, shape)):
+            continue  # inside its tensor: no problem below can arise (the common case, kept cheap)
+        pieces = slices.get(access.region.span, ())
         if any(stop <= last for _, last, stop in access.reach):
             continue  # a region of size 0 touches nothing, wherever it starts
+        idle = _writing_nothing(concrete) if idle is None else idle
         if access.instance in idle and all(first >= 0 for first, _, _ in access.reach):
             continue  # an instance that writes nothing does nothing: what it would read does not matter
         for dim, ((first, last, stop), extent) in enumerate(zip(access.reach, shape)):

@@ -46,8 +46,10 @@ import functools
 import itertools
 import math
 import operator
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import networkx as nx
 import sympy
@@ -62,6 +64,23 @@ MAX_INSTANCES = 5000  # default_sizes keeps the instances of all ranks together 
 MAX_MULTIPLE = 64     # default_sizes tries params = world * L * k for k up to this
 QUICK_SHARE = 4       # default_sizes takes the first sizes whose instances stay under this share of the bound
 GROUP_M = 8           # rows of product tiles taken together: 82% -> 99% of cuBLAS at 8192x2048x28672 (H200)
+
+
+def per_schedule(fn: Callable) -> Callable:
+    """`fn(schedule, *args)` memoised for as long as the schedule lives: a Schedule holds dicts, so it
+    cannot key an lru_cache, and the checker asks the same questions of one schedule many times."""
+    memo: dict = {}
+
+    @functools.wraps(fn)
+    def memoised(schedule: ir.Schedule, *args):
+        key = (id(schedule), args)
+        found = memo.get(key)
+        if found is not None and found[0]() is schedule:
+            return found[1]
+        value = fn(schedule, *args)
+        memo[key] = (weakref.ref(schedule, lambda _, key=key: memo.pop(key, None)), value)
+        return value
+    return memoised
 
 
 @functools.lru_cache(maxsize=4096)
@@ -212,18 +231,41 @@ def _total(schedule, world: int, sizes: dict, nodes: int = 1) -> int:
                for rank in range(world))
 
 
+@per_schedule
 def _units(schedule: ir.Schedule, world: int) -> dict[str, int]:
     """Per param, what its sizes are multiples of: the lcm of the numbers (consts and world at their
     values) that it is divided by anywhere in the schedule, and of those in the launch conditions on
     it; 1 for a param nothing divides (a batch, a head count)."""
-    values = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
-    values[ir.WORLD] = world
-    symbols = {ir.size_symbol(p): p for p in schedule.params}
     units = dict.fromkeys(schedule.params, 1)
+    divisions, conditions = _divisions(schedule)
+    for params, by in divisions:
+        by = by.subs(ir.WORLD, world)
+        if by.is_Integer and int(by) > 1:
+            for p in params:
+                units[p] = math.lcm(units[p], int(by))
+    for params, holds in conditions:
+        numbers = [int(a) for a in holds.subs(ir.WORLD, world).atoms(sympy.Integer) if a > 1]
+        for p in params:
+            units[p] = math.lcm(units[p], *numbers)
+    return units
+
+
+@per_schedule
+def _divisions(schedule: ir.Schedule) -> tuple[set, list]:
+    """What `_units` reads, found once per schedule with the consts at their values: (the params divided,
+    the divisor) for every division and `mod` whose divisor is a number once the world is known, and
+    (the params named, the condition) for every launch condition."""
+    consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
+    symbols = {ir.size_symbol(p): p for p in schedule.params}
+
+    def params_of(expr) -> tuple[str, ...]:
+        return tuple(sorted(symbols[s] for s in sympy.sympify(expr).free_symbols & set(symbols)))
+
     exprs = [d for t in schedule.tensors.values() for d in t.shape]
     exprs += [e for f in schedule.families.values() for _, e in f.indices] + [v for _, v in schedule.lets]
     exprs += [e for f in schedule.families.values() for r in f.reads + f.writes for d in r.dims
               for e in (d.start, d.size)]
+    divisions = set()
     for expr in exprs + [c.holds for c in schedule.conditions]:
         for node in sympy.preorder_traversal(sympy.sympify(expr)):
             if isinstance(node, sympy.Mod):
@@ -232,15 +274,11 @@ def _units(schedule: ir.Schedule, world: int) -> dict[str, int]:
                 divided, by = node.as_numer_denom()
             else:
                 continue
-            by = sympy.sympify(by).subs(values)
-            if by.is_Integer and int(by) > 1:
-                for symbol in sympy.sympify(divided).free_symbols & set(symbols):
-                    units[symbols[symbol]] = math.lcm(units[symbols[symbol]], int(by))
-    for condition in schedule.conditions:
-        numbers = [int(a) for a in condition.holds.subs(values).atoms(sympy.Integer) if a > 1]
-        for symbol in condition.holds.free_symbols & set(symbols):
-            units[symbols[symbol]] = math.lcm(units[symbols[symbol]], *numbers)
-    return units
+            by = sympy.sympify(by).subs(consts)
+            if params_of(divided) and by.free_symbols <= {ir.WORLD}:
+                divisions.add((params_of(divided), by))
+    conditions = [(params_of(c.holds), c.holds.subs(consts)) for c in schedule.conditions]
+    return divisions, [(params, holds) for params, holds in conditions if params]
 
 
 def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INSTANCES,
@@ -314,14 +352,24 @@ def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes
 def _conditions_hold(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> bool:
     if not schedule.conditions:
         return True
-    holds = compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))
-    return all(holds(*_size_values(schedule, world, sizes, nodes)))
+    return all(_compiled_conditions(schedule)(*_size_values(schedule, world, sizes, nodes)))
+
+
+@per_schedule
+def _compiled_conditions(schedule: ir.Schedule) -> Callable[..., tuple]:
+    return compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))
 
 
 def _extents(schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int,
              nodes: int = 1) -> tuple[int, ...]:
-    extents = compile_exprs(tuple(e for _, e in family.indices), (*size_symbols(schedule), ir.RANK))
+    extents = _compiled_extents(schedule, family.name)
     return tuple(max(0, n) for n in extents(*_size_values(schedule, world, sizes, nodes), rank))
+
+
+@per_schedule
+def _compiled_extents(schedule: ir.Schedule, family: str) -> Callable[..., tuple]:
+    indices = schedule.families[family].indices
+    return compile_exprs(tuple(e for _, e in indices), (*size_symbols(schedule), ir.RANK))
 
 
 # ---- the symbolic meaning: sequence, order, edges ------------------------------------------------
@@ -476,9 +524,9 @@ class Instance:
         return f"{self.family}[{', '.join(map(str, self.index))}]@rank{self.rank}"
 
 
-@dataclass(frozen=True)
-class Access:
-    """A region one instance reads or writes, as a box [lo, hi) per dimension of one rank's copy."""
+class Access(NamedTuple):
+    """A region one instance reads or writes, as a box [lo, hi) per dimension of one rank's copy. A
+    named tuple: the checker makes one per instance and region, and a tuple is made fastest."""
     instance: int                          # position in Concrete.instances
     region: ir.Region
     write: bool
@@ -828,7 +876,7 @@ def _resolve_through(done: "Concrete") -> None:
             through = _covering(routed, find.args[:2], rank, *boxes[find](rank, *index))
             if through is not None:
                 through = (numbering.get(through[0], through[0]), *through[1:])
-            done.accesses[n] = dataclasses.replace(access, through=through)
+            done.accesses[n] = access._replace(through=through)
 
 
 def _arrival_sources(schedule: ir.Schedule) -> dict[str, tuple]:

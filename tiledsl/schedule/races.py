@@ -153,12 +153,14 @@ def find_races(concrete: Concrete, before: list[int]):
     number = {name: n for n, name in enumerate(names)}
     family_of = [number[i.family] for i in concrete.instances]
     # the targets of `reduce add` chunks: read and written by one atomic accumulation
-    adding = [schedule.families[name].writes if schedule.families[name].reduce == "add" else () for name in names]
+    # (regions by identity: comparing them as dataclasses compares their sympy expressions)
+    adding = {id(r) for f in schedule.families.values() if f.reduce == "add" for r in f.writes}
+    # a peer's caller tensor is read from its copy staged at call start
+    staged = {id(r) for f in schedule.families.values() for r in f.reads + f.writes
+              if r.owner is not None and schedule.tensors[r.tensor].role in (ir.Role.IN, ir.Role.INOUT)}
     groups: dict[tuple[str, int], list[Access]] = defaultdict(list)
     for access in concrete.accesses:
-        staged = access.region.owner is not None and schedule.tensors[access.region.tensor].role in (
-            ir.Role.IN, ir.Role.INOUT)  # a peer's caller tensor is read from its copy staged at call start
-        if not access.empty and not staged:
+        if id(access.region) not in staged and not access.empty:
             groups[access.region.tensor, access.copy].append(access)
     for accesses in groups.values():
         if not any(a.write for a in accesses):
@@ -169,7 +171,7 @@ def find_races(concrete: Concrete, before: list[int]):
         node = [concrete.node_of(a) for a in accesses]
         family = numpy.array([family_of[a.instance] for a in accesses])
         write = numpy.array([a.write for a in accesses])
-        adds = numpy.array([a.region in adding[family_of[a.instance]] for a in accesses])
+        adds = numpy.array([id(a.region) in adding for a in accesses])
         key, key_lo, key_hi = _through(accesses)
         writes = numpy.flatnonzero(write)
         step = max(1, (1 << 20) // len(accesses))  # bounds the pair matrices to about a million cells
