@@ -412,20 +412,36 @@ def _has_matmul(value) -> bool:
 
 
 def grouped(schedule: ir.Schedule, family: ir.Family) -> bool:
-    """A product with two or more indices takes its tiles GROUP_M rows at a time (operands reused
-    through L2), within the program's own order. Not where the family waits on itself: its chain
-    is proved in the order the program gave."""
-    return is_product(family) and len(family.indices) >= 2 and not waits_on_itself(schedule, family)
+    """A product whose output tiles step along rows and columns by two of its indices takes its tiles
+    GROUP_M rows at a time (operands reused through L2), within the program's own order. Not where the
+    family waits on itself: its chain is proved in the order the program gave."""
+    return is_product(family) and _tile_axes(family) is not None and not waits_on_itself(schedule, family)
+
+
+def _tile_axes(family: ir.Family) -> tuple[sympy.Symbol, sympy.Symbol] | None:
+    """The indices that step a product's output along its rows and along its columns: the one index
+    in the start of each of the last two dimensions its product stores (`G[e, m*BM : +BM, n*BN : +BN]`:
+    m and n; e is a batch, an expert). None where that is not one index each."""
+    indices = {s for s, _ in family.indices}
+    for store in family.stores:
+        if _has_matmul(store.value) and len(store.target.dims) >= 2:
+            rows, cols = (sympy.sympify(d.start).free_symbols & indices for d in store.target.dims[-2:])
+            if len(rows) == 1 and len(cols) == 1 and rows != cols:
+                return rows.pop(), cols.pop()
+    return None
 
 
 def order_keys(schedule: ir.Schedule, family: ir.Family) -> tuple[sympy.Expr, ...]:
     """What a family's instances are sorted by, over its indices, rank and world: the last keys are
-    the indices themselves, so the order is total."""
+    the indices themselves, so the order is total. A grouped product runs its batch indices (an
+    expert, a source rank) outermost and within each the GROUP_M rows of tiles across the columns: the
+    tiles on the SMs at once share one batch's operands (grouped over the experts instead, a wave of
+    Mixtral's group_gemm read 8 experts' weights for one row block)."""
     indices = tuple(s for s, _ in family.indices)
     keys = tuple(family.order)
     if grouped(schedule, family):
-        i, j = indices[0], indices[1]
-        keys += (sympy.floor(i / GROUP_M), j)
+        i, j = _tile_axes(family)
+        keys += tuple(s for s in indices if s not in (i, j)) + (sympy.floor(i / GROUP_M), j)
     # a key that came before orders nothing more
     return tuple(dict.fromkeys(keys + indices))
 
