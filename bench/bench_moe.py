@@ -5,7 +5,8 @@
     all_to_all_vdev_2d (its error recorded where it does not run); the expert in between is the
     identity, so every path must give sum over k of w * X;
   - the grouped GEMM tile alone (group_gemm, and group_gemm_fp8 on the same rows in fp8) against
-    torch._grouped_mm (a loop of matmuls where this torch lacks it: the JSON says which);
+    torch._grouped_mm (a loop of matmuls where this torch lacks it: the JSON says which), and
+    group_gemm in the tile order used before the ninth session (experiments/group_gemm_expert_major);
   - AllGather + grouped GEMM (ag_group_gemm) at M = 8192 for Mixtral-8x7B, Qwen1.5-MoE and DeepSeek-MoE,
     and grouped GEMM + top-k reduction + ReduceScatter (moe_gemm_rs), against NCCL plus the grouped GEMM.
 Every timed variant's output is checked against a float reference first (and after timing): a wrong
@@ -28,6 +29,7 @@ import tiledsl  # noqa: E402
 from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+EXPERIMENTS = Path(__file__).resolve().parent / "experiments"
 BF16 = torch.bfloat16
 EP_HIDDEN, EP_EXPERTS, EP_TOPK = 7168, 256, 8        # DeepSeek-V3
 EP_TOKENS = (128, 4096)                              # per rank: decode, prefill
@@ -186,6 +188,12 @@ def group_gemm_row(heap, world, model, N, K, E, topk, verdicts, use_torch, const
     row["tiledsl"] = timed(verdicts, f"group_gemm {model}", lambda check: program(count=count32, P=P, B=B, G=G,
                                                                                    check=check),
                            lambda: compact(G, counts), want, program.check)
+    # the same tiles in the order the library gave them before the ninth session (a wave: one row
+    # block of 8 experts), to show in one run what the order costs
+    old = tiledsl.compile(EXPERIMENTS / "group_gemm_expert_major.tds", heap, **(consts or {}))
+    row["tiledsl_expert_major"] = timed(verdicts, f"group_gemm expert-major order {model}",
+                                        lambda check: old(count=count32, P=P, B=B, G=G, check=check),
+                                        lambda: compact(G, counts), want, old.check)
     result = {}
     row["torch"] = timed(verdicts, f"torch grouped GEMM {model}",
                          lambda check: result.update(o=base.grouped_mm(rows, B, counts, use_torch)),
