@@ -129,7 +129,8 @@ def main() -> int:
         # the launcher's own programs: its choice and the variant of that name are one program
         rs = {"gemm_rs": tiledsl.compile(PROGRAMS / "gemm_rs.tds", heap),
               **{GEMM_RS_PROGRAMS[choice]: launcher.program(choice) for choice in GEMM_RS_PROGRAMS}}
-        rs_experiments = {"gemm_rs_pull_grouped": tiledsl.compile(EXPERIMENTS / "gemm_rs_pull_grouped.tds", heap)}
+        rs_experiments = {name: tiledsl.compile(EXPERIMENTS / f"{name}.tds", heap)
+                          for name in ("gemm_rs_pull_grouped", "gemm_rs_fused")}
     rows = []
     for model, (N, K) in SHAPES.items():
         if "ag_gemm" in only:

@@ -419,15 +419,17 @@ def grouped(schedule: ir.Schedule, family: ir.Family) -> bool:
 
 
 def _tile_axes(family: ir.Family) -> tuple[sympy.Symbol, sympy.Symbol] | None:
-    """The indices that step a product's output along its rows and along its columns: the one index
-    in the start of each of the last two dimensions its product stores (`G[e, m*BM : +BM, n*BN : +BN]`:
-    m and n; e is a batch, an expert). None where that is not one index each."""
-    indices = {s for s, _ in family.indices}
+    """The indices that step a product's output along its rows and along its columns: in the start of
+    each of the last two dimensions its product stores, the index declared last (`G[e, m*BM : +BM,
+    n*BN : +BN]`: m and n, e a batch, an expert; `W[(d*Ms + i*BM) : +BM, ...]`: i, d a batch of row
+    blocks). None where a dimension names none, or both name the same."""
+    indices = [s for s, _ in family.indices]
     for store in family.stores:
         if _has_matmul(store.value) and len(store.target.dims) >= 2:
-            rows, cols = (sympy.sympify(d.start).free_symbols & indices for d in store.target.dims[-2:])
-            if len(rows) == 1 and len(cols) == 1 and rows != cols:
-                return rows.pop(), cols.pop()
+            rows, cols = ([s for s in indices if s in sympy.sympify(d.start).free_symbols]
+                          for d in store.target.dims[-2:])
+            if rows and cols and rows[-1] != cols[-1]:
+                return rows[-1], cols[-1]
     return None
 
 
