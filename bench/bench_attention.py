@@ -248,6 +248,9 @@ class DecodePrograms:
         # the same with 128 keys a step: twice the bytes of K and V in flight a part tile (2026-12-01 at
         # world 1, batch 8 streamed 1.4 TB/s at 64K keys a rank with 2 or 4 slices alike, torch 2.0)
         self.wide = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap, BN=128)
+        # the same with 4 stages: three 64-key blocks in flight instead of one (2026-12-01, sm_90 build on
+        # CPU: 104 KB of shared memory, LDGSTS pipeline of 4)
+        self.deep = tiledsl.compile(ROOT / "programs" / "flash_decode.tds", heap, num_stages=4)
         self.forced = {}
 
     def slices(self, B, H, HKV, C, world) -> int:
@@ -276,20 +279,21 @@ def decode_row(programs, B, C, world, verdicts):
     chosen = programs.slices(B, H, HKV, C, world)
     row["tiledsl_slices"] = chosen
     variants = [("tiledsl", chosen, programs.default), ("tiledsl_onepass", chosen, programs.onepass),
-                ("tiledsl_BN128", chosen, programs.wide)]
+                ("tiledsl_BN128", chosen, programs.wide), ("tiledsl_4stages", chosen, programs.deep)]
     for factor in SLICE_NEIGHBOURS:
         n = int(chosen * factor)
         if 1 <= n <= C:
             variants.append((f"tiledsl_NS{n}", n, programs.force(n)))
     for key, slices, program in variants:
-        how = {"tiledsl": "", "tiledsl_onepass": " (one-pass combine)", "tiledsl_BN128": " (BN=128)"}.get(key,
-                                                                                                      " (forced)")
+        how = {"tiledsl": "", "tiledsl_onepass": " (one-pass combine)", "tiledsl_BN128": " (BN=128)",
+               "tiledsl_4stages": " (4 stages)"}.get(key, " (forced)")
         name = f"{tag} flash_decode {slices} slices{how}"
         row[key] = time_checked(verdicts, name, program_call(program, Q, K, V, Lens, O), program.check, O, want,
                                 timer=time_loop_ms)
         program.release()  # its prepared calls keep this row's caches alive
     row["tiledsl_best"], row["tiledsl_best_slices"] = min(
-        ((row[key], {"tiledsl_onepass": f"{n}, one pass", "tiledsl_BN128": f"{n}, BN=128"}.get(key, n))
+        ((row[key], {"tiledsl_onepass": f"{n}, one pass", "tiledsl_BN128": f"{n}, BN=128",
+                     "tiledsl_4stages": f"{n}, 4 stages"}.get(key, n))
          for key, n, _ in variants),
         key=lambda x: (math.isnan(x[0]), x[0]))
     best = (NAN, None)
