@@ -85,6 +85,32 @@ def test_every_program_checks_clean_and_fast(path):
     assert done.warnings == []
 
 
+def test_what_the_checker_memoises_per_schedule_is_that_schedules_and_dies_with_it():
+    """`meaning.per_schedule` keys by the schedule's id: a second schedule must never get the first's
+    answers, even at the same address once the first is gone."""
+    import weakref
+
+    from tiledsl.schedule.meaning import per_schedule
+    calls = []
+
+    @per_schedule
+    def consts_of(schedule, world):
+        calls.append(world)
+        return dict(schedule.consts), world
+
+    first = run(AG_GEMM, until="check").schedule
+    assert consts_of(first, 2) is consts_of(first, 2) and calls == [2]
+    assert consts_of(first, 3)[1] == 3 and calls == [2, 3]
+    memo = next(cell.cell_contents for cell in consts_of.__closure__ if isinstance(cell.cell_contents, dict))
+    assert len(memo) == 2
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is None and memo == {}  # forgotten with it: no stale answer for a later id
+    second = run(AG_GEMM.replace("BN = 256", "BN = 128"), until="check").schedule
+    assert consts_of(second, 2)[0]["BN"] == 128 and calls == [2, 3, 2]
+
+
 @pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
 def test_broken_program_reports_its_expected_error(path):
     """Each file's first line says `# expect: LINE:COL message-prefix`."""
