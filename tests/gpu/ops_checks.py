@@ -99,6 +99,41 @@ def path_check(op, shapes, kwargs, dtype, rank, world, **extra):
     return run
 
 
+DECODE = {"B": 8, "H": 64, "HKV": 8, "D": 128, "C": 3001}  # 3001 keys a rank: no block divides them
+
+
+def decode_check(dtype, rank, world, **extra):
+    """flash_decode on a cache split over the ranks, lengths drawn per sequence (one of them 0, one past
+    rank 0's share only), against float64 attention over every rank's cache gathered through NCCL."""
+    B, H, HKV, D, C = (DECODE[k] for k in ("B", "H", "HKV", "D", "C"))
+
+    def run():
+        for _ in range(CALLS):
+            q = torch.randn(B, H, D, device=harness.DEVICE).to(dtype)
+            dist.broadcast(q, 0)  # one query token a sequence, the same on every rank
+            k, v = (torch.randn(B, C, HKV, D, device=harness.DEVICE).to(dtype) for _ in range(2))
+            lens = torch.randint(0, world * C + 1, (B,), device=harness.DEVICE, dtype=torch.int32)
+            lens[0], lens[1] = 0, C // 2
+            dist.broadcast(lens, 0)
+            everyone_k = [torch.empty_like(k) for _ in range(world)]
+            everyone_v = [torch.empty_like(v) for _ in range(world)]
+            dist.all_gather(everyone_k, k), dist.all_gather(everyone_v, v)
+            keys = torch.cat(everyone_k, dim=1).double()
+            values = torch.cat(everyone_v, dim=1).double()
+            want = torch.zeros(B, H, D, dtype=torch.float64, device=harness.DEVICE)
+            for b in range(B):
+                n = int(lens[b])
+                if n:
+                    kh = keys[b, :n].repeat_interleave(H // HKV, dim=1)     # [n, H, D]
+                    scores = torch.einsum("hd,nhd->hn", q[b].double(), kh) / D ** 0.5
+                    want[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1),
+                                           values[b, :n].repeat_interleave(H // HKV, dim=1))
+            got = ops.flash_decode(q, k, v, lens, **extra)
+            close(got, want, TOLERANCE[dtype])
+        ops.check()
+    return run
+
+
 def user_graph_check(rank, world):
     """all_gather_matmul and all_reduce recorded in the caller's CUDA graph after a warm-up call, replayed
     three times with new inputs copied into the captured tensors."""
@@ -162,6 +197,11 @@ def main() -> int:
         checks.record(f"{label} bf16 tuned", path_check(op, shapes, kwargs, torch.bfloat16, rank, world, tune=True))
         if rank == 0:
             print(f"  {label}: {ops.decision(op)}", flush=True)
+    for label, dtype, extra in (("bf16 via torch", torch.bfloat16, {"impl": "torch"}),
+                                ("bf16 via flash_decode", torch.bfloat16, {"impl": "flash_decode"}),
+                                ("fp16 via flash_decode", torch.float16, {"impl": "flash_decode"}),
+                                ("bf16 tuned", torch.bfloat16, {"tune": True})):
+        checks.record(f"flash_decode B=8 H=64/8 C=3001 a rank {label}", decode_check(dtype, rank, world, **extra))
     checks.record("ops recorded in the caller's CUDA graph, replayed with new inputs", user_graph_check(rank, world))
     checks.record("a block of ops under torch.compile(fullgraph=True) matches eager", compiled_block_check())
     if rank == 0:

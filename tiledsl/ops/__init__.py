@@ -29,8 +29,8 @@ from tiledsl.ops.timers import event_timer, graph_timer, wall_timer
 from tiledsl.ops.tuning import Decision
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce", "all_gather",
-           "reduce_scatter", "all_reduce_rmsnorm", "use_heap", "configure", "explain", "decision", "check",
-           "reset", "Decision", "event_timer", "graph_timer", "wall_timer"]
+           "reduce_scatter", "all_reduce_rmsnorm", "flash_decode", "use_heap", "configure", "explain", "decision",
+           "check", "reset", "Decision", "event_timer", "graph_timer", "wall_timer"]
 
 
 def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group=None, *, gather_dim: int = 0,
@@ -78,6 +78,17 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     """h = all_reduce(x) + residual; returns (rmsnorm(h) * weight, h), the norm over the last
     dimension in float32: what follows a row-parallel attention or MLP block."""
     return torch.ops.tiledsl.all_reduce_rmsnorm(x, residual, weight, group_name(group), eps, impl, tune)
+
+
+def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, group=None, *,
+                 impl: str | None = None, tune: bool | None = None) -> torch.Tensor:
+    """Decode attention over a KV cache split along the sequence over the group's ranks: q [B, H, D] one
+    query token a sequence (the same on every rank), k and v [B, C, HKV, D] this rank's positions
+    rank*C .. rank*C + C-1 of every sequence, lens [B] each sequence's length over all ranks (a rank's
+    share may be short or empty). Returns softmax(q k^T / sqrt(D)) v [B, H, D] on every rank, with
+    query head h reading KV head h // (H / HKV); a sequence of length 0 gives 0. The fused path is
+    programs/flash_decode.tds (head dimension 128)."""
+    return torch.ops.tiledsl.flash_decode(q, k, v, lens, group_name(group), impl, tune)
 
 
 def configure(**settings) -> None:

@@ -6,13 +6,14 @@ import torch
 
 from tiledsl.ops import tuning
 from tiledsl.ops.context import STATE, heap_for, world_of
+from tiledsl.ops.attention_ops import FlashDecode
 from tiledsl.ops.collective_ops import AllGather, AllReduce, AllReduceRMSNorm, ReduceScatter
 from tiledsl.ops.paths import Problem
 from tiledsl.ops.products import AllGatherMatmul, MatmulAllReduce, MatmulReduceScatter
 from tiledsl.ops.shapes import MULTIPLIED, flat_rows, matrix_rows, normalise_dim
 
 OPS = {op.name: op for op in (AllGatherMatmul(), MatmulReduceScatter(), MatmulAllReduce(), AllReduce(),
-                              AllGather(), ReduceScatter(), AllReduceRMSNorm())}
+                              AllGather(), ReduceScatter(), AllReduceRMSNorm(), FlashDecode())}
 LAST: dict[str, tuning.Decision] = {}  # op -> the decision its last call followed (forced ones too)
 
 
@@ -45,6 +46,26 @@ def problem(op: str, group: str, x: torch.Tensor, dim: int = 0, w: torch.Tensor 
     if op in ("matmul_reduce_scatter", "reduce_scatter") and moved[0] % world:
         raise ValueError(f"{op}: dimension {dim} has {moved[0]} entries, not a multiple of the group's {world} ranks")
     return Problem(group, world, x.dtype, x.device, rows, moved, dim, w, residual, eps)
+
+
+def decode_problem(group: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor) -> Problem:
+    """flash_decode's operands, after the checks that make a wrong tensor an error here, not a wrong
+    answer: q [B, H, D], this rank's cache k and v [B, C, HKV, D] with H a multiple of HKV, lens [B] of
+    integers (every sequence's length over all ranks), one dtype and device."""
+    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(f"flash_decode: q must be [B, H, D] and k, v one shape [B, C, HKV, D]; got "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    (B, H, D), HKV = q.shape, k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or H % HKV:
+        raise ValueError(f"flash_decode: q {list(q.shape)} and k {list(k.shape)} disagree (batch and head "
+                         f"dimension must match, and the {H} query heads divide into the {HKV} KV heads)")
+    if tuple(lens.shape) != (B,) or lens.dtype.is_floating_point or lens.dtype.is_complex:
+        raise ValueError(f"flash_decode: lens must be [{B}] integers, got {list(lens.shape)} {lens.dtype}")
+    if not (q.dtype == k.dtype == v.dtype) or len({q.device, k.device, v.device, lens.device}) != 1:
+        raise ValueError(f"flash_decode: q, k, v are {q.dtype}, {k.dtype}, {v.dtype} on "
+                         f"{q.device}, {k.device}, {v.device} (lens on {lens.device}): one dtype and device")
+    return Problem(group, world_of(group), q.dtype, q.device, q.reshape(B * H, D), tuple(q.shape), 0,
+                   more=(q, k, v, lens))
 
 
 def run(op_name: str, p: Problem, impl: str | None = None, tune: bool | None = None):

@@ -1,8 +1,8 @@
 """The ways each op can run: the plain torch + collective path and the library programs that compute it.
 `Op` is what every op provides (its paths, why a path cannot take a call, the rule when nothing is
-measured, the run); products.py and collective_ops.py define the seven ops on top of it, meeting what
-a program needs of a shape (rows in whole tiles, 16-byte rows for TMA) by padding into workspaces and
-cutting the result back, so that any shape torch's own ops accept works."""
+measured, the run); products.py, collective_ops.py and attention_ops.py define the ops on top of it,
+meeting what a program needs of a shape (rows in whole tiles, 16-byte rows for TMA) by padding into
+workspaces and cutting the result back, so that any shape torch's own ops accept works."""
 from __future__ import annotations
 
 import itertools
@@ -42,6 +42,7 @@ class Problem:
     w: torch.Tensor | None = None         # B of a product, the norm's weight
     residual: torch.Tensor | None = None
     eps: float = 0.0
+    more: tuple = ()                      # an op's other operands (flash_decode's q, k, v, lens)
 
     @property
     def rows(self) -> int:
@@ -49,7 +50,7 @@ class Problem:
 
 
 class Op:
-    """What every op provides; one subclass per op in products.py and collective_ops.py."""
+    """What every op provides; one subclass per op in products.py, collective_ops.py and attention_ops.py."""
     name = ""
     programs: tuple = ()
     gemm = False  # its programs multiply with tl.dot through TMA descriptors (Hopper; TF32 for fp32)

@@ -109,3 +109,14 @@ def all_reduce_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, group_name: 
 @all_reduce_rmsnorm.register_fake
 def _(x, residual, weight, group_name, eps=1e-6, impl=None, tune=None):
     return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+@_op("flash_decode")
+def flash_decode(q: Tensor, k: Tensor, v: Tensor, lens: Tensor, group_name: str, impl: Optional[str] = None,
+                 tune: Optional[bool] = None) -> Tensor:
+    return dispatch.run("flash_decode", dispatch.decode_problem(group_name, q, k, v, lens), impl, tune)
+
+
+@flash_decode.register_fake
+def _(q, k, v, lens, group_name, impl=None, tune=None):
+    return q.new_empty(q.shape)

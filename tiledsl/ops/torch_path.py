@@ -2,6 +2,8 @@
 every fused program is measured against, and what serves a group or shape no program can."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -39,3 +41,26 @@ def all_reduce_rmsnorm(x, residual, weight, eps: float, group) -> tuple[torch.Te
     the residual's dtype before the norm reads it, as the fused program and unfused torch both do."""
     h = all_reduce(x, group) + residual
     return rmsnorm(h, weight, eps), h
+
+
+def flash_decode(q, k, v, lens, group, world: int) -> torch.Tensor:
+    """Attention of one query token a sequence (q [B, H, D]) over a cache split along the sequence:
+    this rank holds positions rank*C .. rank*C + C-1 (k, v [B, C, HKV, D]), valid below lens[b]. Each
+    rank's attention over its share in float32 with its log-sum-exp, both all-gathered and merged; a
+    sequence with no key anywhere gives 0, as the program does."""
+    B, H, D = q.shape
+    C, HKV = k.shape[1], k.shape[2]
+    rank = dist.get_rank(group)
+    scores = torch.einsum("bkgd,bkcd->bkgc", q.float().view(B, HKV, H // HKV, D),
+                          k.float().permute(0, 2, 1, 3)) / math.sqrt(D)
+    mine = torch.arange(C, device=q.device)[None, :] < (lens.to(torch.int64)[:, None] - rank * C)
+    scores = scores.masked_fill(~mine[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)                          # -inf where this rank has no key
+    weights = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
+    out = torch.einsum("bkgc,bkcd->bkgd", weights, v.float().permute(0, 2, 1, 3))
+    part = torch.cat([out.reshape(B, H, D), lse.reshape(B, H, 1)], dim=-1)
+    every = all_gather_rows(part, group, world).view(world, B, H, D + 1)
+    lses = every[..., D]
+    scale = torch.exp(lses - lses.max(dim=0).values).nan_to_num(0.0)  # [world, B, H]
+    total = (scale.unsqueeze(-1) * every[..., :D]).sum(dim=0)
+    return (total / scale.sum(dim=0).unsqueeze(-1).clamp_min(torch.finfo(torch.float32).tiny)).to(q.dtype)
