@@ -40,7 +40,6 @@ Expressions are compiled once to Python lambdas with integer semantics (`//`, `%
 stay exact and `floor`/`cdiv` of indices floor, as they do in the generated kernels."""
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import itertools
