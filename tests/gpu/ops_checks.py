@@ -2,7 +2,8 @@
 bf16 through every path (torch + NCCL, and each library program, forced), in fp16 and fp32 through its
 preferred program, and tuned (the first call measures the paths and keeps the fastest), on the shapes
 issue 14 found broken (M = 4091 * world rows, N = 32001 columns) and others no tile divides; every
-call on fresh random inputs, against float64 results of every rank's inputs gathered through NCCL.
+call on fresh random inputs, against float64 results of every rank's inputs gathered through NCCL;
+flash_decode and sp_attention through torch's path and their programs, against float64 attention.
 Then a call recorded in the caller's own CUDA graph and replayed with new inputs, a block of ops under
 torch.compile(fullgraph=True) against eager, and what explain() says. Rank 0 prints one PASS/FAIL line
 a check and the summary line last.
@@ -134,6 +135,34 @@ def decode_check(dtype, rank, world, **extra):
     return run
 
 
+SP = {"B": 2, "P": 1000, "H": 32, "HKV": 8}  # 1000 tokens a piece: no 64- or 128-row tile divides them
+
+
+def sp_check(dtype, rank, world, **extra):
+    """sp_attention on a zig-zag sharded sequence against float64 causal attention over every rank's
+    pieces gathered through NCCL."""
+    B, P, H, HKV = (SP[k] for k in ("B", "P", "H", "HKV"))
+
+    def run():
+        for _ in range(CALLS):
+            q = torch.randn(B, 2, P, H, 128, device=harness.DEVICE).to(dtype)
+            k, v = (torch.randn(B, 2, P, HKV, 128, device=harness.DEVICE).to(dtype) for _ in range(2))
+            every_k, every_v = ([torch.empty_like(t) for _ in range(world)] for t in (k, v))
+            dist.all_gather(every_k, k), dist.all_gather(every_v, v)
+            order = sorted((s + z * (2 * world - 1 - 2 * s), s, z) for s in range(world) for z in range(2))
+            keys, values = (torch.cat([every[s][:, z] for _, s, z in order], dim=1).double()
+                            .repeat_interleave(H // HKV, dim=2).transpose(1, 2) for every in (every_k, every_v))
+            want = torch.empty(q.shape, dtype=torch.float64, device=harness.DEVICE)
+            for z in range(2):
+                piece = rank + z * (2 * world - 1 - 2 * rank)
+                allowed = torch.ones(P, 2 * world * P, dtype=torch.bool, device=harness.DEVICE).tril(piece * P)
+                want[:, z] = F.scaled_dot_product_attention(q[:, z].transpose(1, 2).double(), keys, values,
+                                                            attn_mask=allowed).transpose(1, 2)
+            close(ops.sp_attention(q, k, v, **extra), want, TOLERANCE[dtype])
+        ops.check()
+    return run
+
+
 def user_graph_check(rank, world):
     """all_gather_matmul and all_reduce recorded in the caller's CUDA graph after a warm-up call, replayed
     three times with new inputs copied into the captured tensors."""
@@ -202,6 +231,9 @@ def main() -> int:
                                 ("fp16 via flash_decode", torch.float16, {"impl": "flash_decode"}),
                                 ("bf16 tuned", torch.bfloat16, {"tune": True})):
         checks.record(f"flash_decode B=8 H=64/8 C=3001 a rank {label}", decode_check(dtype, rank, world, **extra))
+        program = {"impl": "sp_ag_attention"} if extra.get("impl") == "flash_decode" else extra
+        checks.record(f"sp_attention B=2 P=1000 H=32/8 {label.replace('flash_decode', 'sp_ag_attention')}",
+                      sp_check(dtype, rank, world, **program))
     checks.record("ops recorded in the caller's CUDA graph, replayed with new inputs", user_graph_check(rank, world))
     checks.record("a block of ops under torch.compile(fullgraph=True) matches eager", compiled_block_check())
     if rank == 0:

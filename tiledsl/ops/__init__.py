@@ -29,8 +29,8 @@ from tiledsl.ops.timers import event_timer, graph_timer, wall_timer
 from tiledsl.ops.tuning import Decision
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce", "all_gather",
-           "reduce_scatter", "all_reduce_rmsnorm", "flash_decode", "use_heap", "configure", "explain", "decision",
-           "check", "reset", "Decision", "event_timer", "graph_timer", "wall_timer"]
+           "reduce_scatter", "all_reduce_rmsnorm", "flash_decode", "sp_attention", "use_heap", "configure",
+           "explain", "decision", "check", "reset", "Decision", "event_timer", "graph_timer", "wall_timer"]
 
 
 def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group=None, *, gather_dim: int = 0,
@@ -89,6 +89,17 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.
     query head h reading KV head h // (H / HKV); a sequence of length 0 gives 0. The fused path is
     programs/flash_decode.tds (head dimension 128)."""
     return torch.ops.tiledsl.flash_decode(q, k, v, lens, group_name(group), impl, tune)
+
+
+def sp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None, *, impl: str | None = None,
+                 tune: bool | None = None) -> torch.Tensor:
+    """Causal prefill attention under sequence parallelism, sharded zig-zag: the sequence is 2 * world
+    pieces of P tokens and this rank holds pieces rank and 2*world-1-rank (balanced causal work) of
+    q [B, 2, P, H, D], k and v [B, 2, P, HKV, D]. Returns this rank's output [B, 2, P, H, D]: each query
+    attends to every key at or before its position in the whole sequence, query head h to KV head
+    h // (H / HKV). The fused path is programs/sp_ag_attention.tds (head dimension 128): K and V are
+    gathered a piece at a time by the copy engine while the attention consumes them."""
+    return torch.ops.tiledsl.sp_attention(q, k, v, group_name(group), impl, tune)
 
 
 def configure(**settings) -> None:

@@ -6,14 +6,15 @@ import torch
 
 from tiledsl.ops import tuning
 from tiledsl.ops.context import STATE, heap_for, world_of
-from tiledsl.ops.attention_ops import FlashDecode
+from tiledsl.ops.attention_ops import FlashDecode, SequenceParallelAttention
 from tiledsl.ops.collective_ops import AllGather, AllReduce, AllReduceRMSNorm, ReduceScatter
 from tiledsl.ops.paths import Problem
 from tiledsl.ops.products import AllGatherMatmul, MatmulAllReduce, MatmulReduceScatter
 from tiledsl.ops.shapes import MULTIPLIED, flat_rows, matrix_rows, normalise_dim
 
 OPS = {op.name: op for op in (AllGatherMatmul(), MatmulReduceScatter(), MatmulAllReduce(), AllReduce(),
-                              AllGather(), ReduceScatter(), AllReduceRMSNorm(), FlashDecode())}
+                              AllGather(), ReduceScatter(), AllReduceRMSNorm(), FlashDecode(),
+                              SequenceParallelAttention())}
 LAST: dict[str, tuning.Decision] = {}  # op -> the decision its last call followed (forced ones too)
 
 
@@ -66,6 +67,23 @@ def decode_problem(group: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                          f"{q.device}, {k.device}, {v.device} (lens on {lens.device}): one dtype and device")
     return Problem(group, world_of(group), q.dtype, q.device, q.reshape(B * H, D), tuple(q.shape), 0,
                    more=(q, k, v, lens))
+
+
+def sp_problem(group: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
+    """sp_attention's operands, checked: this rank's two zig-zag pieces, q [B, 2, P, H, D] and k, v one
+    shape [B, 2, P, HKV, D] with H a multiple of HKV, one dtype and device."""
+    if q.dim() != 5 or k.dim() != 5 or v.shape != k.shape or q.shape[1] != 2:
+        raise ValueError(f"sp_attention: q must be [B, 2, P, H, D] (this rank's two pieces) and k, v one shape "
+                         f"[B, 2, P, HKV, D]; got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    H, HKV = q.shape[3], k.shape[3]
+    if q.shape[:3] != k.shape[:3] or q.shape[4] != k.shape[4] or H % HKV:
+        raise ValueError(f"sp_attention: q {list(q.shape)} and k {list(k.shape)} disagree (batch, pieces, tokens "
+                         f"and head dimension must match, and the {H} query heads divide into the {HKV} KV heads)")
+    if not (q.dtype == k.dtype == v.dtype) or len({q.device, k.device, v.device}) != 1:
+        raise ValueError(f"sp_attention: q, k, v are {q.dtype}, {k.dtype}, {v.dtype} on {q.device}, {k.device}, "
+                         f"{v.device}: one dtype and device")
+    return Problem(group, world_of(group), q.dtype, q.device, q.reshape(-1, q.shape[-1]), tuple(q.shape), 0,
+                   more=(q, k, v))
 
 
 def run(op_name: str, p: Problem, impl: str | None = None, tune: bool | None = None):

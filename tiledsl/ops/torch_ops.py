@@ -120,3 +120,14 @@ def flash_decode(q: Tensor, k: Tensor, v: Tensor, lens: Tensor, group_name: str,
 @flash_decode.register_fake
 def _(q, k, v, lens, group_name, impl=None, tune=None):
     return q.new_empty(q.shape)
+
+
+@_op("sp_attention")
+def sp_attention(q: Tensor, k: Tensor, v: Tensor, group_name: str, impl: Optional[str] = None,
+                 tune: Optional[bool] = None) -> Tensor:
+    return dispatch.run("sp_attention", dispatch.sp_problem(group_name, q, k, v), impl, tune)
+
+
+@sp_attention.register_fake
+def _(q, k, v, group_name, impl=None, tune=None):
+    return q.new_empty(q.shape)

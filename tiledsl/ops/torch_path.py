@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 # torch 2.13 renamed the tensor collectives (the old names warn); the GPU machine's 2.11 has only the old
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -64,3 +65,25 @@ def flash_decode(q, k, v, lens, group, world: int) -> torch.Tensor:
     scale = torch.exp(lses - lses.max(dim=0).values).nan_to_num(0.0)  # [world, B, H]
     total = (scale.unsqueeze(-1) * every[..., :D]).sum(dim=0)
     return (total / scale.sum(dim=0).unsqueeze(-1).clamp_min(torch.finfo(torch.float32).tiny)).to(q.dtype)
+
+
+def sp_attention(q, k, v, group, world: int) -> torch.Tensor:
+    """Causal attention of this rank's query pieces over a sequence sharded zig-zag: 2 * world pieces of
+    P tokens, rank r holding pieces r and 2*world-1-r (q [B, 2, P, H, D], k and v [B, 2, P, HKV, D]).
+    K and V are all-gathered and put in sequence order; torch's attention (query head h on KV head
+    h // (H / HKV)) in float32, rounded once."""
+    B, _, P, H, D = q.shape
+    HKV = k.shape[3]
+    rank = dist.get_rank(group)
+    gathered = [all_gather_rows(t, group, world).view(world, B, 2, P, HKV, D) for t in (k, v)]
+    order = sorted((s + z * (2 * world - 1 - 2 * s), s, z) for s in range(world) for z in range(2))
+    keys, values = (torch.cat([t[s, :, z] for _, s, z in order], dim=1).float()  # [B, 2*world*P, HKV, D]
+                    .repeat_interleave(H // HKV, dim=2).transpose(1, 2) for t in gathered)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for z in range(2):
+        piece = rank + z * (2 * world - 1 - 2 * rank)
+        # a query at position piece*P + t sees every key up to its own position
+        allowed = torch.ones(P, 2 * world * P, dtype=torch.bool, device=q.device).tril(piece * P)
+        attended = F.scaled_dot_product_attention(q[:, z].transpose(1, 2).float(), keys, values, attn_mask=allowed)
+        out[:, z] = attended.transpose(1, 2).to(q.dtype)
+    return out
