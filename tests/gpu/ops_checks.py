@@ -3,7 +3,8 @@ bf16 through every path (torch + NCCL, and each library program, forced), in fp1
 preferred program, and tuned (the first call measures the paths and keeps the fastest), on the shapes
 issue 14 found broken (M = 4091 * world rows, N = 32001 columns) and others no tile divides; every
 call on fresh random inputs, against float64 results of every rank's inputs gathered through NCCL;
-flash_decode and sp_attention through torch's path and their programs, against float64 attention.
+flash_decode and sp_attention through torch's path and their programs, against float64 attention;
+moe_dispatch and moe_combine around an expert, against each token's float64 weighted sum.
 Then a call recorded in the caller's own CUDA graph and replayed with new inputs, a block of ops under
 torch.compile(fullgraph=True) against eager, and what explain() says. Rank 0 prints one PASS/FAIL line
 a check and the summary line last.
@@ -163,6 +164,30 @@ def sp_check(dtype, rank, world, **extra):
     return run
 
 
+MOE = {"T": 300, "H": 4096, "K": 4, "E": 8}  # 300 tokens a rank, top-4 of 8 experts a rank
+
+
+def moe_check(dtype, impls, **extra):
+    """moe_dispatch, an expert (2 x + 1 on each row, every row past the counts poisoned), moe_combine:
+    each token gets the sum over its top-k of weight * (2 x + 1), computed here in float64."""
+    T, H, K, E = (MOE[k] for k in ("T", "H", "K", "E"))
+
+    def run():
+        world = dist.get_world_size()
+        for _ in range(CALLS):
+            x = torch.randn(T, H, device=harness.DEVICE).to(dtype)
+            ids = torch.rand(T, E * world, device=harness.DEVICE).topk(K, dim=1).indices.to(torch.int32)
+            w = torch.rand(T, K, device=harness.DEVICE)
+            recv, count = ops.moe_dispatch(x, ids, E, T, impl=impls[0], **extra)
+            y = (2 * recv.float() + 1).to(dtype)
+            past = torch.arange(T, device=harness.DEVICE)[None, None, :] >= count[:, :, None]
+            y[past] = float("nan")
+            got = ops.moe_combine(y, ids, w, impl=impls[1], **extra)
+            close(got, w.double().sum(1, keepdim=True) * (2 * x.double() + 1), TOLERANCE[dtype])
+        ops.check()
+    return run
+
+
 def user_graph_check(rank, world):
     """all_gather_matmul and all_reduce recorded in the caller's CUDA graph after a warm-up call, replayed
     three times with new inputs copied into the captured tensors."""
@@ -234,6 +259,12 @@ def main() -> int:
         program = {"impl": "sp_ag_attention"} if extra.get("impl") == "flash_decode" else extra
         checks.record(f"sp_attention B=2 P=1000 H=32/8 {label.replace('flash_decode', 'sp_ag_attention')}",
                       sp_check(dtype, rank, world, **program))
+    for label, dtype, impls, extra in (("bf16 via torch", torch.bfloat16, ("torch", "torch"), {}),
+                                       ("bf16 via the programs", torch.bfloat16, ("moe_dispatch", "moe_combine"), {}),
+                                       ("fp32 via the programs", torch.float32, ("moe_dispatch", "moe_combine"), {}),
+                                       ("bf16 tuned", torch.bfloat16, (None, None), {"tune": True})):
+        checks.record(f"moe_dispatch + moe_combine T=300 H=4096 top-4 of 8 a rank {label}",
+                      moe_check(dtype, impls, **extra))
     checks.record("ops recorded in the caller's CUDA graph, replayed with new inputs", user_graph_check(rank, world))
     checks.record("a block of ops under torch.compile(fullgraph=True) matches eager", compiled_block_check())
     if rank == 0:

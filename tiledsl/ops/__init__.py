@@ -29,7 +29,8 @@ from tiledsl.ops.timers import event_timer, graph_timer, wall_timer
 from tiledsl.ops.tuning import Decision
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce", "all_gather",
-           "reduce_scatter", "all_reduce_rmsnorm", "flash_decode", "sp_attention", "use_heap", "configure",
+           "reduce_scatter", "all_reduce_rmsnorm", "flash_decode", "sp_attention", "moe_dispatch",
+           "moe_combine", "use_heap", "configure",
            "explain", "decision", "check", "reset", "Decision", "event_timer", "graph_timer", "wall_timer"]
 
 
@@ -100,6 +101,25 @@ def sp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None, 
     h // (H / HKV). The fused path is programs/sp_ag_attention.tds (head dimension 128): K and V are
     gathered a piece at a time by the copy engine while the attention consumes them."""
     return torch.ops.tiledsl.sp_attention(q, k, v, group_name(group), impl, tune)
+
+
+def moe_dispatch(x: torch.Tensor, ids: torch.Tensor, experts_per_rank: int, capacity: int, group=None, *,
+                 impl: str | None = None, tune: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert-parallel dispatch: x [T, H] this rank's tokens, ids [T, K] their top-k experts among the
+    group's world * experts_per_rank (expert x lives on rank x // experts_per_rank). Returns (recv
+    [E, world, C, H], count [E, world] int32): recv[e, s, :count[e, s]] are the rows rank s sent to
+    this rank's expert e, token by token; rows past the count are unspecified. C is `capacity`; a count
+    above it raises tiledsl.runtime.issue.CapacityExceeded. The programs' path makes no host
+    synchronisation (a CUDA graph can replay it with new routings); torch's exchanges the splits."""
+    return torch.ops.tiledsl.moe_dispatch(x, ids, experts_per_rank, capacity, group_name(group), impl, tune)
+
+
+def moe_combine(y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, group=None, *, impl: str | None = None,
+                tune: bool | None = None) -> torch.Tensor:
+    """The reverse of moe_dispatch: y [E, world, C, H] the experts' outputs for the rows as dispatch
+    delivered them, ids and weights [T, K] this rank's routing. Returns [T, H], each token's sum over
+    its top-k of weight * its expert's output (weighted in float32)."""
+    return torch.ops.tiledsl.moe_combine(y, ids, weights, group_name(group), impl, tune)
 
 
 def configure(**settings) -> None:

@@ -8,13 +8,14 @@ from tiledsl.ops import tuning
 from tiledsl.ops.context import STATE, heap_for, world_of
 from tiledsl.ops.attention_ops import FlashDecode, SequenceParallelAttention
 from tiledsl.ops.collective_ops import AllGather, AllReduce, AllReduceRMSNorm, ReduceScatter
+from tiledsl.ops.moe_ops import MoeCombine, MoeDispatch
 from tiledsl.ops.paths import Problem
 from tiledsl.ops.products import AllGatherMatmul, MatmulAllReduce, MatmulReduceScatter
 from tiledsl.ops.shapes import MULTIPLIED, flat_rows, matrix_rows, normalise_dim
 
 OPS = {op.name: op for op in (AllGatherMatmul(), MatmulReduceScatter(), MatmulAllReduce(), AllReduce(),
                               AllGather(), ReduceScatter(), AllReduceRMSNorm(), FlashDecode(),
-                              SequenceParallelAttention())}
+                              SequenceParallelAttention(), MoeDispatch(), MoeCombine())}
 LAST: dict[str, tuning.Decision] = {}  # op -> the decision its last call followed (forced ones too)
 
 
@@ -84,6 +85,32 @@ def sp_problem(group: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
                          f"{v.device}: one dtype and device")
     return Problem(group, world_of(group), q.dtype, q.device, q.reshape(-1, q.shape[-1]), tuple(q.shape), 0,
                    more=(q, k, v))
+
+
+def moe_problem(op: str, group: str, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor | None = None,
+                experts: int = 0, capacity: int = 0) -> Problem:
+    """moe_dispatch's (x [T, H], ids [T, K], experts per rank, capacity) or moe_combine's (y [E, world,
+    C, H] as dispatch delivered, ids [T, K], w [T, K]) operands, checked."""
+    world = world_of(group)
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise ValueError(f"{op}: ids must be [T, K] integers (top-k expert ids), got {list(ids.shape)} {ids.dtype}")
+    if op == "moe_dispatch":
+        if x.dim() != 2 or x.shape[0] != ids.shape[0]:
+            raise ValueError(f"{op}: x must be [T, H] with T = {ids.shape[0]} (ids' rows), got {list(x.shape)}")
+        if experts < 1 or capacity < 1:
+            raise ValueError(f"{op}: experts per rank ({experts}) and capacity ({capacity}) must be positive")
+        more = (x, ids, experts, capacity)
+    else:
+        if x.dim() != 4 or x.shape[1] != world:
+            raise ValueError(f"{op}: y must be [E, {world}, C, H] (as moe_dispatch delivers rows), got {list(x.shape)}")
+        if w is None or w.shape != ids.shape or not w.dtype.is_floating_point:
+            raise ValueError(f"{op}: weights must be floats shaped as ids {list(ids.shape)}, got "
+                             f"{None if w is None else (list(w.shape), w.dtype)}")
+        more = (x, ids, w)
+    devices = [str(t.device) for t in more if isinstance(t, torch.Tensor)]
+    if len(set(devices)) != 1:
+        raise ValueError(f"{op}: the tensors are on {', '.join(devices)}: one device")
+    return Problem(group, world, x.dtype, x.device, x.reshape(-1, x.shape[-1]), tuple(x.shape), 0, more=more)
 
 
 def run(op_name: str, p: Problem, impl: str | None = None, tune: bool | None = None):

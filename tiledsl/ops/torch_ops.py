@@ -131,3 +131,28 @@ def sp_attention(q: Tensor, k: Tensor, v: Tensor, group_name: str, impl: Optiona
 @sp_attention.register_fake
 def _(q, k, v, group_name, impl=None, tune=None):
     return q.new_empty(q.shape)
+
+
+@_op("moe_dispatch")
+def moe_dispatch(x: Tensor, ids: Tensor, experts_per_rank: int, capacity: int, group_name: str,
+                 impl: Optional[str] = None, tune: Optional[bool] = None) -> tuple[Tensor, Tensor]:
+    p = dispatch.moe_problem("moe_dispatch", group_name, x, ids, experts=experts_per_rank, capacity=capacity)
+    return dispatch.run("moe_dispatch", p, impl, tune)
+
+
+@moe_dispatch.register_fake
+def _(x, ids, experts_per_rank, capacity, group_name, impl=None, tune=None):
+    world = world_of(group_name)
+    return (x.new_empty((experts_per_rank, world, capacity, x.shape[1])),
+            x.new_empty((experts_per_rank, world), dtype=torch.int32))
+
+
+@_op("moe_combine")
+def moe_combine(y: Tensor, ids: Tensor, weights: Tensor, group_name: str, impl: Optional[str] = None,
+                tune: Optional[bool] = None) -> Tensor:
+    return dispatch.run("moe_combine", dispatch.moe_problem("moe_combine", group_name, y, ids, weights), impl, tune)
+
+
+@moe_combine.register_fake
+def _(y, ids, weights, group_name, impl=None, tune=None):
+    return y.new_empty((ids.shape[0], y.shape[-1]))

@@ -87,3 +87,53 @@ def sp_attention(q, k, v, group, world: int) -> torch.Tensor:
         attended = F.scaled_dot_product_attention(q[:, z].transpose(1, 2).float(), keys, values, attn_mask=allowed)
         out[:, z] = attended.transpose(1, 2).to(q.dtype)
     return out
+
+
+def _expert_rows(ids, experts: int, group, world: int):
+    """(order, sent, got): this rank's (token, k) pairs sorted by global expert (stable: token by token
+    within one, tiledsl's arrival()), the rows it sends to each expert, and the rows each rank sends
+    to each of this rank's experts (got[s * E + e]), exchanged with all_to_all_single."""
+    flat = ids.reshape(-1).long()
+    sent = torch.bincount(flat, minlength=experts * world)
+    got = torch.empty_like(sent)
+    dist.all_to_all_single(got, sent, group=group)
+    return torch.argsort(flat, stable=True), sent, got
+
+
+def _places(got, experts: int):
+    """For rows received grouped by source rank, then expert, then arrival: (expert, source, slot)."""
+    which = torch.repeat_interleave(torch.arange(got.numel(), device=got.device), got)
+    starts = torch.cumsum(got, 0) - got
+    return which % experts, which // experts, torch.arange(which.numel(), device=got.device) - starts[which]
+
+
+def moe_dispatch(x, ids, experts: int, capacity: int, group, world: int):
+    """(recv [E, world, C, H], count [E, world] int32) as moe_dispatch.tds delivers them, through
+    all_to_all_single with the splits exchanged first (a host synchronisation)."""
+    from tiledsl.runtime.issue import CapacityExceeded
+    K = ids.shape[1]
+    order, sent, got = _expert_rows(ids, experts, group, world)
+    send_sizes, recv_sizes = sent.view(world, experts).sum(1).tolist(), got.view(world, experts).sum(1).tolist()
+    rows = x.new_empty((sum(recv_sizes), x.shape[1]))
+    dist.all_to_all_single(rows, x[order // K].contiguous(), recv_sizes, send_sizes, group=group)
+    count = got.view(world, experts).t().to(torch.int32)
+    if int(count.max()) > capacity:
+        e, s = divmod(int(count.argmax()), world)
+        raise CapacityExceeded(f"rank {dist.get_rank(group)}: {int(count[e, s])} rows from rank {s} for local "
+                               f"expert {e}, above the capacity {capacity}")
+    recv = x.new_zeros((experts, world, capacity, x.shape[1]))
+    recv[_places(got, experts)] = rows
+    return recv, count
+
+
+def moe_combine(y, ids, w, group, world: int):
+    """out [T, H] = sum over k of w[t, k] * (the expert output y holds for (t, k)): the rows go back to
+    their tokens' ranks through all_to_all_single (splits exchanged first), weighted in float32."""
+    experts, T, K = y.shape[0], ids.shape[0], ids.shape[1]
+    order, sent, got = _expert_rows(ids, experts, group, world)
+    back = y.new_empty((T * K, y.shape[-1]))
+    dist.all_to_all_single(back, y[_places(got, experts)].contiguous(), sent.view(world, experts).sum(1).tolist(),
+                           got.view(world, experts).sum(1).tolist(), group=group)
+    out = torch.zeros((T, y.shape[-1]), dtype=torch.float32, device=y.device)
+    out.index_add_(0, order // K, back.float() * w.reshape(-1)[order, None].float())
+    return out.to(y.dtype)
