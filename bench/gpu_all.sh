@@ -80,7 +80,7 @@ for stage in $stages; do
     profile) run profile_call 300 torchrun --nproc-per-node="$gpus" bench/profile_call.py ;;
     trace) run trace_world2 330 torchrun --nproc-per-node=2 bench/bench_trace.py ;;
     ops)  # tiledsl.ops on the GPU: every path, dtype and issue-14 shape; user graphs; torch.compile; teardown
-      run "ops_checks_world$pair" 400 torchrun --nproc-per-node="$pair" tests/gpu/ops_checks.py
+      run "ops_checks_world$pair" 540 torchrun --nproc-per-node="$pair" tests/gpu/ops_checks.py
       run "teardown_world$pair" 300 python3 tests/gpu/teardown_check.py ;;
     block)  # the tuner's promise against the torch path, and the tensor-parallel decoder layer both ways
       run "ops_world$pair" 300 torchrun --nproc-per-node="$pair" bench/bench_ops.py
