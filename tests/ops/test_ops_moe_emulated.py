@@ -2,8 +2,8 @@
 (all_to_all_single, splits exchanged first) and the programs (forced, and as the rule picks), in fp32
 and bf16: dispatch delivers every rank's rows grouped by expert, token by token, with exact counts;
 combine, given the experts' outputs with every row past the counts poisoned, returns each token's
-weighted sum; a routing above capacity raises CapacityExceeded on both paths; a wrong tensor is a
-ValueError; opcheck passes, and a layer of dispatch, an expert and combine compiles whole
+weighted sum; a routing above capacity raises CapacityExceeded and an id past the last expert
+IndexOutOfRange on both paths; a wrong tensor is a ValueError; opcheck passes, and a layer of dispatch, an expert and combine compiles whole
 (torch.compile fullgraph) and matches eager."""
 from __future__ import annotations
 
@@ -73,11 +73,16 @@ def _rank(heap, rendezvous, inputs):
                 combined = ops.moe_combine(y, mine["ids"][skew], mine["w"], impl=impl)
                 out[dtype, skew, path] = (as_numpy(recv), count.tolist(), chose, as_numpy(combined),
                                           ops.decision("moe_combine").choice, recv.dtype, combined.dtype)
-    from tiledsl.runtime.issue import CapacityExceeded
+    from tiledsl.runtime.issue import CapacityExceeded, IndexOutOfRange
     for impl in ("torch", "moe_dispatch"):
         with pytest.raises(CapacityExceeded) as exceeded:
             ops.moe_dispatch(mine["x"], mine["ids"][True], E, 4, impl=impl)
         out["capacity", impl] = str(exceeded.value)
+        beyond = mine["ids"][False].clone()
+        beyond[3, 1] = E * WORLD  # one id past the last expert
+        with pytest.raises(IndexOutOfRange) as outside:
+            ops.moe_dispatch(mine["x"], beyond, E, CAPACITY, impl=impl)
+        out["outside", impl] = str(outside.value)
     errors = {}
     for label, call in {"float ids": lambda: ops.moe_dispatch(mine["x"], mine["ids"][False].float(), E, CAPACITY),
                         "x rows": lambda: ops.moe_dispatch(mine["x"][:-1], mine["ids"][False], E, CAPACITY),
@@ -144,6 +149,12 @@ def test_above_capacity_both_paths_raise_and_name_the_count(emulated):
         assert found and int(found[1]) > 4, r["capacity", "torch"]
         assert "above its cap 4" in r["capacity", "moe_dispatch"], r["capacity", "moe_dispatch"]
     assert "= 13 is above its cap 4" in emulated[1][0]["capacity", "moe_dispatch"]  # expert 0: every token
+
+
+def test_an_expert_id_past_the_last_expert_is_an_error_on_both_paths(emulated):
+    for r in emulated[1]:
+        assert "expert id 4 is not among the group's 4 experts" in r["outside", "torch"], r["outside", "torch"]
+        assert "ids[3, 1] = 4 is outside 0..3" in r["outside", "moe_dispatch"], r["outside", "moe_dispatch"]
 
 
 def test_wrong_tensors_are_refused_at_the_call_and_opcheck_passes(emulated):

@@ -29,9 +29,9 @@ from tiledsl.ops.timers import event_timer, graph_timer, wall_timer
 from tiledsl.ops.tuning import Decision
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce", "all_gather",
-           "reduce_scatter", "all_reduce_rmsnorm", "flash_decode", "sp_attention", "moe_dispatch",
-           "moe_combine", "use_heap", "configure",
-           "explain", "decision", "check", "reset", "Decision", "event_timer", "graph_timer", "wall_timer"]
+           "reduce_scatter", "all_reduce_rmsnorm", "flash_decode", "sp_attention", "moe_dispatch", "moe_combine",
+           "use_heap", "configure", "explain", "decision", "check", "reset", "Decision", "event_timer",
+           "graph_timer", "wall_timer"]
 
 
 def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group=None, *, gather_dim: int = 0,

@@ -1,7 +1,7 @@
 """The ways each op can run: the plain torch + collective path and the library programs that compute it.
 `Op` is what every op provides (its paths, why a path cannot take a call, the rule when nothing is
-measured, the run); products.py, collective_ops.py and attention_ops.py define the ops on top of it,
-meeting what a program needs of a shape (rows in whole tiles, 16-byte rows for TMA) by padding into
+measured, the run); products.py, collective_ops.py, attention_ops.py and moe_ops.py define the ops on
+top of it, meeting what a program needs of a shape (rows in whole tiles, 16-byte rows for TMA) by padding into
 workspaces and cutting the result back, so that any shape torch's own ops accept works."""
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Problem:
     w: torch.Tensor | None = None         # B of a product, the norm's weight
     residual: torch.Tensor | None = None
     eps: float = 0.0
-    more: tuple = ()                      # an op's other operands (flash_decode's q, k, v, lens)
+    more: tuple = ()                      # the attention and MoE ops' operands, as they were given
 
     @property
     def rows(self) -> int:
@@ -50,7 +50,8 @@ class Problem:
 
 
 class Op:
-    """What every op provides; one subclass per op in products.py, collective_ops.py and attention_ops.py."""
+    """What every op provides; one subclass per op in products.py, collective_ops.py, attention_ops.py and
+    moe_ops.py."""
     name = ""
     programs: tuple = ()
     gemm = False  # its programs multiply with tl.dot through TMA descriptors (Hopper; TF32 for fp32)

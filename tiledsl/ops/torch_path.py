@@ -93,7 +93,12 @@ def _expert_rows(ids, experts: int, group, world: int):
     """(order, sent, got): this rank's (token, k) pairs sorted by global expert (stable: token by token
     within one, tiledsl's arrival()), the rows it sends to each expert, and the rows each rank sends
     to each of this rank's experts (got[s * E + e]), exchanged with all_to_all_single."""
+    from tiledsl.runtime.issue import IndexOutOfRange
     flat = ids.reshape(-1).long()
+    if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < experts * world:  # this path syncs anyway
+        bad = int(flat[(flat < 0) | (flat >= experts * world)][0])
+        raise IndexOutOfRange(f"rank {dist.get_rank(group)}: expert id {bad} is not among the group's "
+                              f"{experts * world} experts (0 .. {experts * world - 1})")
     sent = torch.bincount(flat, minlength=experts * world)
     got = torch.empty_like(sent)
     dist.all_to_all_single(got, sent, group=group)
