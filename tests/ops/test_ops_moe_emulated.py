@@ -3,8 +3,8 @@
 and bf16: dispatch delivers every rank's rows grouped by expert, token by token, with exact counts;
 combine, given the experts' outputs with every row past the counts poisoned, returns each token's
 weighted sum; a routing above capacity raises CapacityExceeded and an id past the last expert
-IndexOutOfRange on both paths; a wrong tensor is a ValueError; opcheck passes, and a layer of dispatch, an expert and combine compiles whole
-(torch.compile fullgraph) and matches eager."""
+IndexOutOfRange on both paths; a wrong tensor is a ValueError; opcheck passes, and a layer of
+dispatch, an expert and combine compiles whole (torch.compile fullgraph) and matches eager."""
 from __future__ import annotations
 
 import re
