@@ -80,7 +80,7 @@ def _harness_rank(rank, world, port, only, results):
 def _run_harness(only: str):
     context = mp.get_context("spawn")
     results = context.Queue()
-    port = 29500 + os.getpid() % 1000 + (7 if only else 0)
+    port = 29500 + os.getpid() % 1000 + (7 + len(only) if only else 0)  # one port per test
     procs = [context.Process(target=_harness_rank, args=(r, 2, port, only, results)) for r in range(2)]
     for p in procs:
         p.start()
@@ -104,3 +104,11 @@ def test_a_run_that_checks_nothing_fails(capfd):
     out = capfd.readouterr().out
     assert "FAIL no check ran" in out and "skipped 3 checks" in out
     assert summary(out) == (0, 1)
+
+
+def test_checks_only_takes_several_texts(capfd):
+    """CHECKS_ONLY=A|B runs the checks whose name holds A or B, and only those."""
+    assert _run_harness("passes|fails on") == [(0, True, False, True, 0, 1), (1, True, False, True, 0, 1)]
+    out = capfd.readouterr().out
+    assert "PASS passes everywhere" in out and "FAIL fails on one rank" in out and "skipped 1 checks" in out
+    assert summary(out) == (2, 1)
