@@ -81,8 +81,8 @@ def main():
     experiments = ROOT / "bench" / "experiments"
     sp_path, waits_path = ROOT / "programs" / "sp_ag_attention.tds", experiments / "attention_local_waits.tds"
     variants = {
-        "sp (131 programs)": (sp_path, {}),
-        "sp, 132 programs": (sp_path, {"num_sms": 132}),
+        "sp (default programs)": (sp_path, {}),
+        "sp, 131 programs": (sp_path, {"num_sms": 131}),
         "waits (132 programs)": (waits_path, {}),
         "waits, 131 programs": (waits_path, {"num_sms": 131}),
     }

@@ -85,3 +85,15 @@ def test_a_chunk_waits_on_its_counts_before_its_copy_with_the_same_values_every_
                             (128, cell.data_ptr(), 4)]
     copies.issue()  # counts are zeroed at each call, so the values to wait for never change
     assert driver.calls[7:] == driver.calls[:7]
+
+
+def test_a_list_made_without_a_stream_goes_on_the_stream_each_issue_names(driver, monkeypatch):
+    """The copies that run before the kernel go on the caller's current stream, which inside a CUDA
+    graph capture is the capture's: each issue names it."""
+    streams = []
+    monkeypatch.setattr(driver, "cuMemcpyAsync", lambda dst, src, n, stream: streams.append(stream) or ("ok",))
+    cell = torch.zeros(1, dtype=torch.int32)
+    copies = copy_engine.CopyList(None, [(torch.zeros(4), torch.ones(4), [64])], cell)
+    copies.issue(types.SimpleNamespace(cuda_stream=3))
+    copies.issue(types.SimpleNamespace(cuda_stream=5))
+    assert streams == [("stream", 3)] * 2 + [("stream", 5)] * 2

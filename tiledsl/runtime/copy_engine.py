@@ -1,6 +1,8 @@
 """Copy-engine chunks: a peer copy on a communication stream, then a signal written by the stream itself.
 
-No SM runs any of it. A program's chunks go through `CopyList`: each copy is one cuMemcpyAsync (the copy
+A copy between two GPUs runs on a copy engine, no SM; the driver runs a copy within one GPU (the
+4-byte signal into this rank's own slot too) as a kernel on the SMs, which is why such copies go
+before the persistent kernel where they can (`issue.goes_first`). A program's chunks go through `CopyList`: each copy is one cuMemcpyAsync (the copy
 engine), each signal a 4-byte copy of the epoch cell into the slot, and each wait on kernel tiles a
 cuStreamWaitValue32 on a count the tiles keep, so a call can be captured in a CUDA graph.
 `copy_and_signal`, `write_signal` (cuStreamWriteValue32) and `wait_value` (cuStreamWaitValue32) are
@@ -61,11 +63,13 @@ class CopyList:
     handles made once, a few microseconds each; anything else takes torch's copy. A signal is a
     4-byte copy of the epoch cell (which the call's entry kernel advanced) into the slot: like the
     data, it is the same operation at every call, so the list can be captured in a CUDA graph.
-    Copies on one stream run in order, so the slot changes only once the data before it has landed."""
+    Copies on one stream run in order, so the slot changes only once the data before it has landed.
+    A list made with no stream is issued on the stream each `issue` names (the caller's current one,
+    which differs inside a CUDA graph capture)."""
 
-    def __init__(self, stream: torch.cuda.Stream, ops, epoch_cell: torch.Tensor):
+    def __init__(self, stream: torch.cuda.Stream | None, ops, epoch_cell: torch.Tensor):
         driver = self._driver = _driver()
-        self._stream = driver.CUstream(stream.cuda_stream)
+        self._stream = None if stream is None else driver.CUstream(stream.cuda_stream)
         self._torch_stream = stream
         self._cell = driver.CUdeviceptr(epoch_cell.data_ptr())
         self._ops = []
@@ -87,8 +91,11 @@ class CopyList:
             else:
                 self._ops.append((waits, None, (target, source), signals, row))
 
-    def issue(self) -> None:
-        """Enqueue every wait, copy and signal on the stream (which must already follow their sources)."""
+    def issue(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Enqueue every wait, copy and signal on the list's stream or `stream` (which must already
+        follow their sources)."""
+        if stream is not None:
+            self._stream, self._torch_stream = self._driver.CUstream(stream.cuda_stream), stream
         driver = self._driver
         geq = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ if any(op[0] for op in self._ops) else None
         for waits, raw, tensors, signals, row in self._ops:

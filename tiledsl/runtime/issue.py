@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -30,6 +31,27 @@ class IndexOutOfRange(DataError):
     the index tensor and its value. The call skipped that row."""
 
 
+class CopyOp(NamedTuple):
+    """One copy-engine chunk instance of a prepared call."""
+    target: object
+    source: object
+    signals: list        # emulated: (signal tensor, slot); on a GPU: device addresses of the slots
+    waits: list          # emulated: (count tensor, index, count to reach, edge); on a GPU: (address, count)
+    row: object = None   # its timeline row, when traced
+    local: bool = False  # source and target both in this GPU's own memory (no peer view)
+
+
+def goes_first(op: CopyOp) -> bool:
+    """A copy within this GPU that waits on no tile runs on the compute stream before the kernel. The
+    driver runs a copy within one GPU as a kernel on the SMs (cuMemcpyAsync, cuMemcpy2DAsync and
+    cuMemcpyPeerAsync alike): beside a persistent kernel holding every SM it cannot start, and with one
+    SM left free it moves 37 GB/s (8 MB in 220 us; 540 GB/s alone; bench/experiments/local_copy_probe.py,
+    bench/NOTES.md, session 13). Before the kernel it has the whole GPU. It waits on nothing, so running
+    it earlier than its family's turn can neither deadlock nor race (the checker orders every conflicting
+    access by a wait on its signal, never by the families' sequence)."""
+    return op.local and not op.waits
+
+
 @dataclass
 class PreparedCall:
     """What one call needs, prepared once per set of caller tensors."""
@@ -38,7 +60,7 @@ class PreparedCall:
     staged: list          # (heap buffer, caller tensor) copied in at the start of each call
     barrier: tuple        # entry-barrier arguments before the epoch cell
     kernel_args: dict
-    copies: dict          # copy-engine family -> [(target, source, signals, waits)] in order
+    copies: dict          # copy-engine family -> [CopyOp] in order
     roles: dict | None
     grid: int
     options: dict
@@ -67,7 +89,7 @@ class Issuing:
             if spec.name in self.skip:
                 continue
             if spec.engine == "copy_engine":
-                for target, source, signals, waits, row in call.copies[spec.name]:
+                for target, source, signals, waits, row, _ in call.copies[spec.name]:
                     if row is not None:
                         row[timeline.START], row[timeline.PLACE] = timeline._host_now(), -1
                     for count, index, expected, edge in waits:
@@ -133,14 +155,22 @@ class Issuing:
             call.enter_replay = Replay(function, compiled, (1,), dict(zip(function.arg_names, args)))
 
     def _issue(self, call, captured: bool = False):
-        """One call on a GPU: staging, entry, copy-engine chunks on the communication stream beside
-        the persistent kernel on the current stream, joined at the end."""
+        """One call on a GPU: staging, entry, the copies within this GPU (`goes_first`), then the
+        persistent kernel on the current stream beside the other copy-engine chunks on the
+        communication stream, joined at the end."""
         compute = torch.cuda.current_stream()
         self._begin(call, captured)
-        if call.copies:
-            if self._comm_stream is None:
-                self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
+        if call.copy_list is None and call.copies:
+            from tiledsl.runtime import copy_engine
+            ops = [op for ops in call.copies.values() for op in ops]
+            first, beside = [op for op in ops if goes_first(op)], [op for op in ops if not goes_first(op)]
+            call.copy_list = (copy_engine.CopyList(None, first, self._epoch_cell) if first else None,
+                              copy_engine.CopyList(self._comm_stream_now(), beside, self._epoch_cell) if beside else None)
+        first, beside = call.copy_list or (None, None)
+        if beside is not None:
             self._comm_stream.wait_stream(compute)  # the copies follow the staging and the entry
+        if first is not None:
+            first.issue(compute)
         # The kernel goes first: copies may wait on its tiles' counts, and its first launch loads the
         # compiled module, which waits for the device's work, the stream waiting on the counts too.
         if call.kernel_replay is not None:
@@ -150,14 +180,15 @@ class Issuing:
             if self.replay:
                 call.kernel_replay = Replay(self.module.tds_kernel, compiled, (call.grid,),
                                             {**call.kernel_args, **call.roles})
-        if call.copies:
-            from tiledsl.runtime import copy_engine
-            if call.copy_list is None:
-                call.copy_list = copy_engine.CopyList(
-                    self._comm_stream, [op for ops in call.copies.values() for op in ops], self._epoch_cell)
-            call.copy_list.issue()
+        if beside is not None:
+            beside.issue()
             # the next call's staging and barrier must come after this call's copies
             compute.wait_stream(self._comm_stream)
+
+    def _comm_stream_now(self):
+        if self._comm_stream is None:
+            self._comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
+        return self._comm_stream
 
     def _capture(self, call):
         """Record the call into a CUDA graph and run it; later calls with these tensors replay it, one

@@ -17,8 +17,8 @@ import torch
 
 from tiledsl.runtime import guards, sync, timeline, validate
 # ScheduleTimeout is raised by check() below, and callers import it from here
-from tiledsl.runtime.issue import (CapacityExceeded, DataError, IndexOutOfRange, Issuing, PreparedCall,
-                                   ScheduleTimeout)
+from tiledsl.runtime.issue import (CapacityExceeded, CopyOp, DataError, IndexOutOfRange, Issuing, PreparedCall,
+                                   ScheduleTimeout, goes_first)
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
     Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, kernel_options, linear, ordered_instances, pipeline_stages,
     pow2_at_least, unlinear)
@@ -344,7 +344,8 @@ class Program(Issuing):
             barrier = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world)
         copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
                   for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
-        roles, grid = (None, 0) if self.emulated else self._roles(env)
+        beside = any(not goes_first(op) for ops in copies.values() for op in ops)
+        roles, grid = (None, 0) if self.emulated else self._roles(env, copies_beside=beside)
         fold = self._folds_entry(copies, staged, grid)
         if roles is not None:
             roles.update(tds_ENTER=fold, tds_EXIT=bool(in_place), tds_TRACE=self.trace)
@@ -412,8 +413,9 @@ class Program(Issuing):
             return res[f"trace_{arg.of or 'entry'}"]
         raise LaunchError(f"no value for kernel argument {arg.name} of kind {kind}")
 
-    def _roles(self, env, only: str | None = None) -> tuple[dict, int]:
-        """RUN/START/PROGRAMS for every kernel family, and the grid size."""
+    def _roles(self, env, only: str | None = None, copies_beside: bool = False) -> tuple[dict, int]:
+        """RUN/START/PROGRAMS for every kernel family, and the grid size (`copies_beside`: copy-engine
+        chunks run beside the kernel)."""
         counts = self.module.tds_counts(env)
         kernel = [f for f in self.module.tds_FAMILIES if f.engine != "copy_engine"]
         roles, start = {}, 0
@@ -423,7 +425,7 @@ class Program(Issuing):
             return roles, 1
         for f in kernel:
             roles[f"tds_RUN_{f.name}"] = f.name not in self.skip
-        num_sms = self.num_sms or self._default_programs()
+        num_sms = self.num_sms or self._default_programs(copies_beside)
         for f in kernel:
             if f.programs is not None:
                 programs = max(1, min(f.programs, counts[f.name] * f.split))
@@ -435,16 +437,15 @@ class Program(Issuing):
             roles.update({f"tds_START_{f.name}": start, f"tds_PROGRAMS_{f.name}": rest})
         return roles, start + (rest if shared else 0)
 
-    def _default_programs(self) -> int:
+    def _default_programs(self, copies_beside: bool) -> int:
         """Programs of a kernel when the caller names none: one an SM, and one fewer where copy-engine
-        chunks feed the kernel's waits. On one H200, two kernels of one program an SM with waits on
-        copy-engine chunks (sp_ag_attention at BM=128, ag_group_gemm at Mixtral's size) timed out at
-        their first call with 132 programs, every time, and ran with 131 (the copies were plain
-        cuMemcpyAsync, and copies beside a kernel filling every SM made progress in isolation:
-        bench/experiments/copy_starvation.py, residency_probe.py; bench/NOTES.md, session 12)."""
+        chunks run beside it. Each of those signals its waiters on this rank by a 4-byte copy within
+        this GPU, which the driver runs as a kernel on an SM: with a program on every SM holding all
+        its registers (sp_ag_attention at BM=128, ag_group_gemm at Mixtral's size) that copy never
+        started and the kernel's waits timed out (bench/experiments/local_copy_probe.py, NOTES session
+        13; sessions 12's residency_probe.py found the one program too many)."""
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        feeds = any(f.engine == "copy_engine" for f in self.module.tds_FAMILIES)
-        return max(1, sms - 1) if feeds else sms
+        return max(1, sms - 1) if copies_beside else sms
 
     def _options(self, env) -> dict:
         try:  # emulated there is no shared memory (and bf16 runs as fp32 there, on the blocks chosen for bf16)
@@ -468,13 +469,16 @@ class Program(Issuing):
         return max(sizes, default=2)
 
     def _copy_ops(self, spec, env, res, views, shared) -> list:
-        """(target, source, signals, waits) for each instance in order. Signals are (tensor, slot) pairs
+        """A CopyOp (target, source, signals, waits, timeline row, local) for each instance in order. Signals are (tensor, slot) pairs
         when emulated and device addresses of the slots the epoch is copied into on a GPU; waits are
         (count tensor, index, count to reach, edge) when emulated and (device address, count) on a GPU.
         A wait on the stream has no bound, but the tiles it counts never hang (their own waits are
         bounded), so every count completes; on a GPU, families left out on purpose (`skip`) are not
         waited on (emulated, the wait fails by name)."""
+        touched = []  # the owners of the views one instance takes, to tell a copy within this GPU
+
         def tensor(name, owner):
+            touched.append(owner)
             if owner is None or owner == self.rank:
                 return views[name]
             return self.heap.peer(shared.get(name, views[name]), owner)
@@ -490,7 +494,9 @@ class Program(Issuing):
         count = self.module.tds_counts(env)[spec.name]
         ops = []
         for instance in res[f"order_{spec.name}"]:
+            touched.clear()
             source, target = view_of(env, tensor, instance)
+            local = all(owner is None or owner == self.rank for owner in touched)
             slot = self.rank * spec.split * count + instance * spec.split
             copies = [(self._signal_view(signals, r), slot) for r in ranks]
             row = res[f"trace_{spec.name}"][instance * spec.split] if self.trace else None
@@ -500,7 +506,7 @@ class Program(Issuing):
             if not self.emulated:
                 copies = [view.data_ptr() + view.element_size() * slot for view, slot in copies]
                 waits = [(c.data_ptr() + c.element_size() * index, expected) for c, index, expected, _ in waits]
-            ops.append((target, source, copies, waits, row))
+            ops.append(CopyOp(target, source, copies, waits, row, local))
         return ops
 
     def _guard_error(self, res: dict, diag, site: int) -> Exception:
