@@ -114,6 +114,15 @@ def test_num_stages_overrides_the_launch_options_and_a_128_row_tile_gets_8_warps
     assert Program(attention, None, emulated=False)._options({})["num_warps"] == 8
 
 
+@pytest.mark.parametrize("name, consts, stages", [("sp_ag_attention", {}, 3), ("sp_ag_attention", {"STAGES": 2}, 2),
+                                                   ("flash_decode", {}, 4), ("copy", {}, 2)])
+def test_a_programs_const_stages_sets_the_pipeline_depth_of_its_block_tiles(name, consts, stages):
+    """STAGES, where a program declares it, is its tiles' pipeline depth (num_stages= still overrides)."""
+    module = build_module(PROGRAMS[0].parent / f"{name}.tds", consts)
+    assert Program(module, None, emulated=False)._options({})["num_stages"] == stages
+    assert Program(module, None, emulated=False, num_stages=1)._options({})["num_stages"] == 1
+
+
 class FakeGraph:
     """Stands in for torch.cuda.CUDAGraph: counts replays."""
     replays = 0

@@ -101,17 +101,23 @@ def unlinear(number: int, extents: tuple) -> tuple:
     return tuple(reversed(out))
 
 
+STAGES = "STAGES"  # a program's const naming the pipeline depth of its tiles' loops (see kernel_options)
+
+
 def kernel_options(module, element_size: int = 2) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block, for operands of `element_size` bytes (2:
     the bf16 a program declares; 4 when it runs in fp32). Blocks that leave room for fewer than two
     stages are refused here, by name, rather than by the driver at the first launch. Tiles written as
-    blocks get the warps their largest block needs (4 or 8)."""
+    blocks get the warps their largest block needs (4 or 8) and 2 stages, or the program's const
+    `STAGES`: the pipeline depth its author measured best (sp_ag_attention's 128-row tiles took 3.20
+    against 4.01 ms on 3 stages rather than 2; bench/NOTES.md, session 12)."""
     descriptors = {a.name: a for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR}
     products = [f.name for f in module.tds_FAMILIES if f.matmul]
     if not products:
         # one kernel runs every family: as many warps as the most demanding tile needs
-        return {"num_warps": max([4] + [getattr(f, "warps", 4) for f in module.tds_FAMILIES]), "num_stages": 2}
+        return {"num_warps": max([4] + [getattr(f, "warps", 4) for f in module.tds_FAMILIES]),
+                "num_stages": int(module.tds_CONSTS.get(STAGES, 2))}
     stages = []
     for f in products:
         # the last two dimensions of each block (an N-D operand's others are 1)
