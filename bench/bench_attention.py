@@ -41,23 +41,18 @@ DECODE_BATCHES = (1, 8)
 DECODE_KV = (1024, 4096, 16384, 65536, 131072)         # cache positions a rank
 DECODE_HEADS, DECODE_KV_HEADS = 64, 8
 # Variants timed beside the defaults (label: program, consts at build, compile options); the best is
-# reported apart. sp_ag_attention at BM=128 BN=64 was wrong on rank 1 in the run of 2026-12-01 (4 warps,
-# a spilling kernel); it now gets 8 warps. The tile alone also as Triton's fused-attention tutorial
-# builds it on Hopper: 128 query rows on 8 warps, 3 stages, BN 64 or 128 (128 spills 176 bytes at
-# sm_90 on this codegen), and the causal loop split into whole blocks and masked diagonal blocks.
-# The SP program at BM=128 BN=64 was wrong again and timed out on the GPU with 8 warps (run 4 of
-# 2026-12-01, bench/NOTES.md): left out of the timings, which it stopped, until it passes
-# tests/gpu/attention_checks.py (which keeps checking it). Put it back here with {"BM": 128, "BN": 64}.
-# Session 12 (one H200): the BM=128 BN=64 timeouts were the grid (every SM a program, now one fewer
-# where copy-engine chunks feed the kernel); at a ragged size 1 and 2 stages stay wrong, 3 stages right
-# (bench/experiments/attention_blocks_probe.py): timed on 3 stages, checked first like every variant.
-SP_VARIANTS: dict = {"BM128_BN64_3stages": ({"BM": 128, "BN": 64}, {"num_stages": 3})}
+# reported apart. The defaults (sp_ag_attention and attention_local alike: 128 query rows on 8 warps,
+# BN = 64, 3 stages) were the fastest tile of session 12; the SP program at those blocks was 1.5x its
+# tile until session 13 found its gather crawling on one SM (runtime/issue.goes_first). Beside them: the
+# earlier default (64 rows, 2 stages), the tile as Triton's fused-attention tutorial builds it on Hopper
+# (the causal loop split into whole blocks and masked diagonal blocks; BN 128, which spills 176 bytes
+# at sm_90), and the SP program's loop and waits without its gather (attention_local_waits).
+SP_VARIANTS: dict = {"BM64_BN64_2stages": ({"BM": 64, "STAGES": 2}, {})}
 TILE_VARIANTS = {
-    "BM128_BN64": ("attention_local", {"BM": 128, "BN": 64}, {}),
-    "BM128_BN64_3stages": ("attention_local", {"BM": 128, "BN": 64}, {"num_stages": 3}),
+    "BM64_BN64_2stages": ("attention_local", {"BM": 64, "STAGES": 2}, {}),
     "split_BM128_BN64": ("attention_local_split", {"BM": 128, "BN": 64}, {}),
-    "BM128_BN128": ("attention_local", {"BM": 128, "BN": 128}, {}),
-    # the SP program's loop and waits without its gather: which of the two costs SP its 1.5x at BM=128
+    "split_BM128_BN64_3stages": ("attention_local_split", {"BM": 128, "BN": 64}, {"num_stages": 3}),
+    "BM128_BN128_2stages": ("attention_local", {"BN": 128, "STAGES": 2}, {}),
     "waits_BM128_BN64_3stages": ("attention_local_waits", {"BM": 128, "BN": 64}, {"num_stages": 3}),
 }
 # flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
