@@ -52,3 +52,23 @@ def test_stamps_are_compiled_out_of_an_untraced_kernel():
     untraced = compile_kernel(module).asm["ptx"]
     traced = compile_kernel(module, trace=True).asm["ptx"]
     assert "%globaltimer" not in untraced and "%globaltimer" in traced
+
+
+@pytest.mark.emulated
+def test_the_waits_in_a_loops_steps_count_as_the_instances_waiting():
+    """sp_ag_attention waits in each step of its loop over pieces, not before its body: the time spent
+    there is added to the instance's waiting (before, its stamp 1 came at its start: no wait seen)."""
+    path = os.fspath(ROOT / "programs" / "sp_ag_attention.tds")
+    found = timeline.trace_emulated(path, 2, {"B": 1, "P": 64, "H": 2, "HKV": 1})
+    tiles = [e for e in found if e.family == "attn"]
+    assert tiles and all(e.start_us < e.waited_us <= e.end_us for e in tiles)
+
+
+def test_a_loops_step_waits_are_clocked_only_when_traced():
+    from tiledsl.api import build_module
+    from tiledsl.codegen.aot import compile_kernel
+    module = build_module(ROOT / "programs" / "sp_ag_attention.tds", {"BM": 64})
+    text = Path(module.__file__).read_text()
+    began, waited, ended = text.index("wait_began(tds_TRACE)"), text.index("wait_inline"), text.index("wait_ended(")
+    assert began < waited < ended
+    assert "%globaltimer" not in compile_kernel(module).asm["ptx"]

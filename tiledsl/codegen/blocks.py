@@ -145,6 +145,8 @@ class _Block:
                 steps: list = []
                 self.statements(statement.body, steps, depth + 1)
                 waits = tuple(dataclasses.replace(w, inline=True) for w in self.step_waits) if depth == 0 else ()
+                if waits:  # traced, the time a step spends in its waits is added to the instance's waiting
+                    waits = (b.Record(b.STEP_WAIT_BEGINS),) + waits + (b.Record(b.STEP_WAIT_ENDS),)
                 # a step's waits come after the size names its waits use, before anything it reads
                 sizes = next((n for n, s in enumerate(statement.body) if not isinstance(s, ir.SizeLet)),
                              len(statement.body))

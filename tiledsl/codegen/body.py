@@ -241,10 +241,14 @@ class Wait:
         return bool(sympy.sympify(self.exists).free_symbols & {var for var, _ in self.loops})
 
 
+STEP_WAIT_BEGINS, STEP_WAIT_ENDS = 3, 4  # Record points around the waits of a loop's step
+
+
 @dataclass(frozen=True)
 class Record:
     """A timeline stamp of this instance (runtime/timeline.py: 0 start, 1 waits over, 2 end), compiled
-    out unless the program is built with trace=True."""
+    out unless the program is built with trace=True. Around a loop step's waits, STEP_WAIT_BEGINS and
+    STEP_WAIT_ENDS add the time spent in them to the instance's waiting (its stamp 1)."""
     point: int
 
 

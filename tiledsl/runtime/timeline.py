@@ -56,6 +56,22 @@ def record(row, point: tl.constexpr):
 
 
 @triton.jit
+def wait_began(trace: tl.constexpr):
+    """The clock before a loop step's waits, traced; 0, compiled out, otherwise."""
+    if trace:
+        return now()
+    else:
+        return tl.full([], 0, tl.int64)
+
+
+@triton.jit
+def wait_ended(row, began):
+    """A loop step's waits are over: the time spent in them is added to the instance's WAITED stamp, so
+    that WAITED - START is all the time the instance waited, before its body and in its steps."""
+    tl.store(row + 1, tl.load(row + 1) + (now() - began))
+
+
+@triton.jit
 def stamp(row, point: tl.constexpr):
     """A kernel of one program: the stamp before or after a copy on the communication stream."""
     tl.store(row + point, now())
@@ -73,7 +89,7 @@ class Event:
     engine: str        # "sms", "nvshmem", "copy_engine"
     instance: int      # linear instance number (times the split, plus the part)
     start_us: float    # from the end of this rank's entry barrier
-    waited_us: float   # when its waits were over (= start where it waits on nothing)
+    waited_us: float   # start + all the time it waited (before its body, and in its loop's steps)
     end_us: float
     sm: int            # -1 on the copy engine
     program: int
