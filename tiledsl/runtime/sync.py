@@ -94,12 +94,8 @@ def wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.
 
 
 @triton.jit
-def wait_span(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
-    """Until each of the `count` slots `sig_ptr + j * stride` (`*` over a run of a producer's indices:
-    every pack tile of one rank, say, stride 1; or every expert and row block of one column block)
-    holds `epoch`: BLOCK of them a read, so that a GEMM tile after 3072 pack tiles makes one round trip
-    to memory, not 3072. Past `max_spins` reads of a block, each of its slots' own wait records which
-    one is missing."""
+def wait_span_atomic(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
+    """wait_span as the interpreter runs it (no PTX there): every read an acquire."""
     lanes = tl.arange(0, BLOCK)
     for first in range(0, count, BLOCK):
         inside = first + lanes < count
@@ -116,6 +112,51 @@ def wait_span(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instan
         if least < epoch:
             for slot in range(first, tl.minimum(first + BLOCK, count)):
                 wait(sig_ptr + slot * stride, epoch, diag, max_spins, rank, edge, instance)
+
+
+@triton.jit
+def load_relaxed(pointers):
+    """A strong (relaxed, system-scope) read of each int32, no read-modify-write."""
+    return tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [pointers], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_span_loads(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
+    """Until each of the `count` slots `sig_ptr + j * stride` (`*` over a run of a producer's indices:
+    every pack tile of one rank, say, stride 1; or every expert and row block of one column block)
+    holds `epoch`, BLOCK of them a read, so that a GEMM tile after 3072 pack tiles makes one round trip
+    to memory, not 3072. The reads are relaxed loads, then one acquire fence. As acquire loads (what
+    Triton makes of an acquire atomic add of 0) a thread's 16-32 lanes of a block went one round trip
+    after another, each acquire ordering every later load after it: an MoE pull instance over 28672
+    pack slots (4096 tokens a rank) made 224 round trips, and dispatch took 3.5 ms, 32.6 ms in fp8
+    (229376 slots), 0.44 ms at 128 tokens (one H200, bench/NOTES.md session 13). Relaxed loads are all
+    in flight at once. A relaxed read that sees the producer's release store, then fence.acq_rel in
+    the same thread, is an acquire (PTX memory model; the C++ ABI maps a seq_cst load to ld.relaxed +
+    fence the same way); the CTA barrier after the fence hands that to the threads that did not read
+    the slot. Past `max_spins` reads of a block, each of its slots' own wait records which one is
+    missing."""
+    lanes = tl.arange(0, BLOCK)
+    for first in range(0, count, BLOCK):
+        inside = first + lanes < count
+        slots = sig_ptr + tl.minimum(first + lanes, count - 1) * stride  # every lane reads a real slot
+        seen = load_relaxed(slots)
+        least = tl.min(tl.where(inside, seen, epoch), axis=0)
+        spins = 0
+        while (least < epoch) & (spins < max_spins):
+            seen = load_relaxed(slots)
+            least = tl.min(tl.where(inside, seen, epoch), axis=0)
+            spins += 1
+            if tl.load(diag, volatile=True) != 0:
+                spins = max_spins  # another wait already timed out: the call is lost, stop spinning
+        if least < epoch:
+            for slot in range(first, tl.minimum(first + BLOCK, count)):
+                wait(sig_ptr + slot * stride, epoch, diag, max_spins, rank, edge, instance)
+    tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+wait_span = wait_span_atomic if EMULATED else wait_span_loads
 
 
 @triton.jit
