@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 touch "$OUT/.started"  # what this run wrote is newer: a warm machine keeps the last run's files in $OUT
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "gpus: $gpus; $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
-[ -n "${CHECKS_ONLY:-}" ] && echo "CHECKS_ONLY=$CHECKS_ONLY: the checks run only what matches it"
+[ -n "${CHECKS_ONLY:-}" ] && echo "CHECKS_ONLY=$CHECKS_ONLY: the checks run only those whose name holds one of its |-separated texts"
 worlds="$gpus"; [ "$gpus" -ge 4 ] && worlds="$gpus 2"
 worlds=${WORLDS:-$worlds}
 pair=2; [ "$gpus" -lt 2 ] && pair=1  # the stages made for world 2 run at world 1 on a one-GPU machine
