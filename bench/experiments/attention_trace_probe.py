@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import time_ms  # noqa: E402
 from harness import start  # noqa: E402
 
 import tiledsl  # noqa: E402
@@ -27,20 +29,6 @@ from tiledsl.runtime import timeline  # noqa: E402
 B, P, H, HKV, D = 2, 4096, 32, 8, 128
 BLOCKS = {"BM": 128, "BN": 64, "num_stages": 3}
 OUT = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
-
-
-def timed(call) -> float:
-    call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return statistics.median(times)
 
 
 def describe(label: str, events) -> None:
@@ -88,7 +76,7 @@ def main():
     for label, (path, options) in variants.items():
         try:
             plain = tiledsl.compile(path, heap, D=D, **BLOCKS, **options)
-            ms = timed(lambda: plain(Q, K, V, O))
+            ms = time_ms(lambda: plain(Q, K, V, O), warmup=1, reps=20)
             if want is None:
                 want = O.clone()
             diff = (O.float() - want.float()).abs().max().item()

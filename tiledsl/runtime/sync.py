@@ -94,35 +94,26 @@ def wait_parts(sig_ptr, epoch, diag, max_spins, rank, edge, instance, PARTS: tl.
 
 
 @triton.jit
-def wait_span_atomic(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
-    """wait_span as the interpreter runs it (no PTX there): every read an acquire."""
-    lanes = tl.arange(0, BLOCK)
-    for first in range(0, count, BLOCK):
-        inside = first + lanes < count
-        slots = sig_ptr + (first + lanes) * stride
-        seen = tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
-        least = tl.min(tl.where(inside, seen, epoch), axis=0)
-        spins = 0
-        while (least < epoch) & (spins < max_spins):
-            seen = tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
-            least = tl.min(tl.where(inside, seen, epoch), axis=0)
-            spins += 1
-            if tl.load(diag, volatile=True) != 0:
-                spins = max_spins  # another wait already timed out: the call is lost, stop spinning
-        if least < epoch:
-            for slot in range(first, tl.minimum(first + BLOCK, count)):
-                wait(sig_ptr + slot * stride, epoch, diag, max_spins, rank, edge, instance)
-
-
-@triton.jit
 def load_relaxed(pointers):
-    """A strong (relaxed, system-scope) read of each int32, no read-modify-write."""
+    """A strong (relaxed, system-scope) read of each int32, no ordering among them."""
     return tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [pointers], dtype=tl.int32,
                                      is_pure=False, pack=1)
 
 
+# the interpreter runs no PTX: there the reads of a ranged wait are acquires, one by one
+_RELAXED_SPANS = tl.constexpr(not EMULATED)
+
+
 @triton.jit
-def wait_span_loads(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
+def read_span(slots, inside):
+    if _RELAXED_SPANS:
+        return load_relaxed(slots)
+    else:
+        return tl.atomic_add(slots, 0, mask=inside, sem="acquire", scope="sys")
+
+
+@triton.jit
+def wait_span(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instance, BLOCK: tl.constexpr):
     """Until each of the `count` slots `sig_ptr + j * stride` (`*` over a run of a producer's indices:
     every pack tile of one rank, say, stride 1; or every expert and row block of one column block)
     holds `epoch`, BLOCK of them a read, so that a GEMM tile after 3072 pack tiles makes one round trip
@@ -140,11 +131,11 @@ def wait_span_loads(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, 
     for first in range(0, count, BLOCK):
         inside = first + lanes < count
         slots = sig_ptr + tl.minimum(first + lanes, count - 1) * stride  # every lane reads a real slot
-        seen = load_relaxed(slots)
+        seen = read_span(slots, inside)
         least = tl.min(tl.where(inside, seen, epoch), axis=0)
         spins = 0
         while (least < epoch) & (spins < max_spins):
-            seen = load_relaxed(slots)
+            seen = read_span(slots, inside)
             least = tl.min(tl.where(inside, seen, epoch), axis=0)
             spins += 1
             if tl.load(diag, volatile=True) != 0:
@@ -152,11 +143,10 @@ def wait_span_loads(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, 
         if least < epoch:
             for slot in range(first, tl.minimum(first + BLOCK, count)):
                 wait(sig_ptr + slot * stride, epoch, diag, max_spins, rank, edge, instance)
-    tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
-
-
-wait_span = wait_span_atomic if EMULATED else wait_span_loads
+    if _RELAXED_SPANS:
+        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+        tl.debug_barrier()
 
 
 @triton.jit
