@@ -3,9 +3,10 @@
 Session 13, run 1 (world 1, B=2, 8192 tokens): the SP program 4.87 ms, attention_local_waits (the same
 loop and waits, K and V in torch's memory, no gather) 3.16 ms, the tile alone 3.21 ms: the waits and
 the one-stage outer loop cost nothing, so the difference lay in what the SP program does besides: its
-copies, which ran at 37 GB/s on the one SM left free (local_copy_probe.py), now before the kernel. This times each variant untraced,
-then traces one call of each (GPU clock stamps per instance) and prints, per variant: the kernel's span,
-how long tiles waited, when the copies ran, and how busy the programs were.
+copies, which ran at 37 GB/s on the one SM left free (local_copy_probe.py), now before the kernel.
+This times each variant untraced, then traces one call of each (GPU clock stamps per instance) and
+prints, per variant: the kernel's span, how long tiles waited, when the copies ran, and how busy the
+programs were.
 
     torchrun --nproc-per-node=1 bench/experiments/attention_trace_probe.py
 """
@@ -40,7 +41,8 @@ def describe(label: str, events) -> None:
     programs = len({e.program for e in tiles})
     durations = sorted(e.end_us - e.waited_us for e in tiles)
     ends = sorted(e.end_us for e in tiles)
-    print(f"-- {label}: {len(tiles)} attn tiles on {programs} programs; first start {min(e.start_us for e in tiles):.1f} us, "
+    first = min(e.start_us for e in tiles)
+    print(f"-- {label}: {len(tiles)} attn tiles on {programs} programs; first start {first:.1f} us, "
           f"last end {ends[-1]:.1f} us, span {span:.1f} us", flush=True)
     print(f"   busy {busy / programs:.1f} us a program (mean), waiting {waiting / programs:.1f} us a program; "
           f"tile time median {durations[len(durations) // 2]:.1f} us, max {durations[-1]:.1f} us; "

@@ -229,7 +229,8 @@ def test_a_kernel_leaves_one_sm_only_to_copies_beside_it(name, world, programs, 
     except gemm_rs_ce's, which wait on its tiles); a kernel with copies beside it leaves them one SM."""
     asked = []
     default = Program._default_programs
-    monkeypatch.setattr(Program, "_default_programs", lambda self, beside: asked.append(default(self, beside)) or asked[-1])
+    monkeypatch.setattr(Program, "_default_programs",
+                        lambda self, beside: asked.append(default(self, beside)) or asked[-1])
     _prepared(name, world, monkeypatch)
     assert asked == [programs]
 

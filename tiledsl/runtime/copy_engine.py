@@ -2,9 +2,10 @@
 
 A copy between two GPUs runs on a copy engine, no SM; the driver runs a copy within one GPU (the
 4-byte signal into this rank's own slot too) as a kernel on the SMs, which is why such copies go
-before the persistent kernel where they can (`issue.goes_first`). A program's chunks go through `CopyList`: each copy is one cuMemcpyAsync (the copy
-engine), each signal a 4-byte copy of the epoch cell into the slot, and each wait on kernel tiles a
-cuStreamWaitValue32 on a count the tiles keep, so a call can be captured in a CUDA graph.
+before the persistent kernel where they can (`issue.goes_first`). A program's chunks go through
+`CopyList`: each copy is one cuMemcpyAsync, each signal a 4-byte copy of the epoch cell into the
+slot, and each wait on kernel tiles a cuStreamWaitValue32 on a count the tiles keep, so a call can be
+captured in a CUDA graph.
 `copy_and_signal`, `write_signal` (cuStreamWriteValue32) and `wait_value` (cuStreamWaitValue32) are
 the single-use forms the runtime smoke test exercises. Signals are int32
 slots holding epoch numbers, so they never need resetting.

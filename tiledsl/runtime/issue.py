@@ -164,8 +164,9 @@ class Issuing:
             from tiledsl.runtime import copy_engine
             ops = [op for ops in call.copies.values() for op in ops]
             first, beside = [op for op in ops if goes_first(op)], [op for op in ops if not goes_first(op)]
-            call.copy_list = (copy_engine.CopyList(None, first, self._epoch_cell) if first else None,
-                              copy_engine.CopyList(self._comm_stream_now(), beside, self._epoch_cell) if beside else None)
+            call.copy_list = (
+                copy_engine.CopyList(None, first, self._epoch_cell) if first else None,
+                copy_engine.CopyList(self._comm_stream_now(), beside, self._epoch_cell) if beside else None)
         first, beside = call.copy_list or (None, None)
         if beside is not None:
             self._comm_stream.wait_stream(compute)  # the copies follow the staging and the entry

@@ -443,7 +443,7 @@ class Program(Issuing):
         this GPU, which the driver runs as a kernel on an SM: with a program on every SM holding all
         its registers (sp_ag_attention at BM=128, ag_group_gemm at Mixtral's size) that copy never
         started and the kernel's waits timed out (bench/experiments/local_copy_probe.py, NOTES session
-        13; sessions 12's residency_probe.py found the one program too many)."""
+        13; session 12's residency_probe.py found the one program too many)."""
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         return max(1, sms - 1) if copies_beside else sms
 
@@ -469,10 +469,10 @@ class Program(Issuing):
         return max(sizes, default=2)
 
     def _copy_ops(self, spec, env, res, views, shared) -> list:
-        """A CopyOp (target, source, signals, waits, timeline row, local) for each instance in order. Signals are (tensor, slot) pairs
-        when emulated and device addresses of the slots the epoch is copied into on a GPU; waits are
-        (count tensor, index, count to reach, edge) when emulated and (device address, count) on a GPU.
-        A wait on the stream has no bound, but the tiles it counts never hang (their own waits are
+        """A CopyOp (target, source, signals, waits, timeline row, local) for each instance in order.
+        Signals are (tensor, slot) pairs when emulated and device addresses of the slots the epoch is
+        copied into on a GPU; waits are (count tensor, index, count to reach, edge) when emulated and
+        (device address, count) on a GPU. A wait on the stream has no bound, but the tiles it counts never hang (their own waits are
         bounded), so every count completes; on a GPU, families left out on purpose (`skip`) are not
         waited on (emulated, the wait fails by name)."""
         touched = []  # the owners of the views one instance takes, to tell a copy within this GPU
