@@ -73,7 +73,7 @@ class PreparedCall:
     issued: bool = False
     enter_replay: Replay | None = None
     kernel_replay: Replay | None = None
-    copy_list: object = None
+    copy_list: tuple | None = None  # (copies before the kernel, copies beside it), each a CopyList or None
     graph: object = None
 
 

@@ -100,6 +100,12 @@ def load_relaxed(pointers):
                                      is_pure=False, pack=1)
 
 
+@triton.jit
+def fence_sys():
+    """fence.acq_rel at system scope: orders this thread's accesses before it against those after it."""
+    tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
 # the interpreter runs no PTX: there the reads of a ranged wait are acquires, one by one
 _RELAXED_SPANS = tl.constexpr(not EMULATED)
 
@@ -144,8 +150,7 @@ def wait_span(sig_ptr, count, stride, epoch, diag, max_spins, rank, edge, instan
             for slot in range(first, tl.minimum(first + BLOCK, count)):
                 wait(sig_ptr + slot * stride, epoch, diag, max_spins, rank, edge, instance)
     if _RELAXED_SPANS:
-        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                  pack=1)
+        fence_sys()
         tl.debug_barrier()
 
 
@@ -324,8 +329,7 @@ else:
         # every thread's stores of this instance visible at system scope before the signal leaves (the
         # waiter on the other node may read them with an NVSHMEM get); NVSHMEM takes it from there
         tl.debug_barrier()
-        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                  pack=1)
+        fence_sys()
         nvshmem_device.signal_op(sig_ptr, epoch, nvshmem_device.NVSHMEM_SIGNAL_SET, pe)
 
     @triton.jit
