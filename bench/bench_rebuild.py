@@ -41,6 +41,12 @@ def measure(label: str) -> int:
     import tiledsl
     from tiledsl.runtime.heap import disable_multicast, open_heap
 
+    # never a time from ranks sharing a GPU (their kernels take turns on it); asked here, not of
+    # tiledsl.runtime.placement, since the build timed may be one from before it
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    if torch.cuda.device_count() < ranks_here:
+        raise SystemExit(f"bench_rebuild: refused: {ranks_here} ranks share {torch.cuda.device_count()} GPU(s); "
+                         "a time measured there means nothing")
     disable_multicast()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()

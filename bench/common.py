@@ -12,6 +12,17 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from harness import mismatch  # noqa: E402  (the comparison the GPU checks use: NaN or Inf is never right)
 
+from tiledsl.runtime.placement import refuse_timing  # noqa: E402
+
+
+def refuse_shared() -> None:
+    """No benchmark times ranks that share a GPU, ever (their kernels take turns on it): refused by name at
+    import and again at every timing."""
+    refuse_timing(Path(sys.argv[0]).stem or "benchmark")
+
+
+refuse_shared()
+
 SHAPES = {  # model: (N, K) of its MLP projection, as in Triton-distributed's and torch's async-TP benchmarks
     "LLaMA-7B": (11008, 4096),
     "LLaMA-3-8B": (14336, 4096),
@@ -25,6 +36,7 @@ NAN = float("nan")
 
 def time_ms(fn, warmup: int = 5, reps: int = 30, before=None) -> float:
     """Median of `reps` CUDA-event timings of fn(); `before` (untimed) runs ahead of each one."""
+    refuse_shared()
     for _ in range(warmup):
         if before:
             before()
@@ -47,6 +59,7 @@ def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before
     """Steady-state time per call, as a training or decode loop sees it: `calls` calls back to back
     between two CUDA events, the median over `windows` such windows; `before` (untimed) runs ahead of
     each window. The host enqueues ahead of the GPU, so launch cost is hidden where the GPU is busier."""
+    refuse_shared()
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -67,6 +80,7 @@ def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before
 def time_interleaved_ms(fns: dict, calls: int = 20, windows: int = 10, warmup: int = 5) -> dict:
     """time_loop_ms for several ways of doing one thing, their windows taken in turn (A B A B ...), so
     that a clock or a neighbour that drifts during the run weighs on each alike: {name: median ms}."""
+    refuse_shared()
     for fn in fns.values():
         for _ in range(warmup):
             fn()

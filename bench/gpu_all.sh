@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine:
-#   bash bench/gpu_all.sh [STAGE...]     stages: checks gemm overlap collectives profile variants rebuild trace
+# Every GPU test and benchmark of tiledsl, for one device call on a 2-, 4- or 8-GPU machine, or (checks,
+# programs) on one GPU that ranks share:
+#   bash bench/gpu_all.sh [STAGE...]     stages: checks programs gemm overlap collectives profile variants rebuild trace
 #                                        ops (tiledsl.ops checks, teardown) block (ops vs torch, tp_block)
 #                                        attention (SP prefill and decode: checks, then benchmarks, at
 #                                        ATTENTION_WORLDS, default 2) moe (MoE checks and benchmark, world 2)
@@ -31,18 +32,31 @@ pair=2; [ "$gpus" -lt 2 ] && pair=1  # the stages made for world 2 run at world 
 status=0
 rows=()      # the summary table, one row a stage
 failures=""  # every FAIL line of this run, prefixed with its stage
+deadline=""  # SECONDS past which no run starts (a stage that must end within the call sets it)
+late=0       # runs not started: the deadline had come
 run() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
   local log="$OUT/$name.log" began=$SECONDS
+  if [ -n "$deadline" ]; then
+    local left=$((deadline - SECONDS))
+    if [ "$left" -lt 20 ]; then
+      echo "== $name: not started, the deadline has come"
+      late=$((late + 1)); status=1
+      rows+=("$(printf '%-28s %5s %5s %5s %5s %5s' "$name" late - - - 0)")
+      return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "== $name"
   timeout "$limit" "$@" > "$log" 2>&1
   local rc=$?
-  local passes fails
+  local passes fails skips
   passes=$(grep -c '^PASS' "$log")
   fails=$(grep -c '^FAIL' "$log")
+  skips=$(grep -c '^SKIP' "$log")
   # FAIL lines first and whole; then, from the rest, figures and summaries worth a glance
   grep '^FAIL' "$log"
-  grep -v -E '^(PASS|FAIL)' "$log" | grep -E "failed$|^[a-z_]+ +[A-Za-z]|rank [0-9]|^ +rank|: host|ms" \
+  grep -v -E '^(PASS|FAIL|SKIP)' "$log" | grep -E "failed$|^[a-z_]+ +[A-Za-z]|rank [0-9]|^ +rank|: host|ms" \
     | grep -v -E "Warning|warn" | tail -40
   [ "$fails" -ne 0 ] && failures+=$(grep '^FAIL' "$log" | sed "s/^/$name: /")$'\n'
   if [ "$rc" -ne 0 ]; then
@@ -50,18 +64,68 @@ run() {  # name, timeout, command...
     tail -5 "$log"
   fi
   if [ "$rc" -ne 0 ] || [ "$fails" -ne 0 ]; then status=1; fi
-  rows+=("$(printf '%-28s %5s %5s %5s %5s' "$name" "$rc" "$passes" "$fails" "$((SECONDS - began))")")
+  rows+=("$(printf '%-28s %5s %5s %5s %5s %5s' "$name" "$rc" "$passes" "$fails" "$skips" "$((SECONDS - began))")")
   pack  # after every run, not only every stage: a call cut inside a stage keeps the runs that finished
 }
 pack() {
   [ -n "${PACK:-}" ] && (cd "$OUT" && find . -type f -newer .started -print0 | tar czf "$PACK" --null -T -)
   return 0
 }
+# Ranks sharing one GPU (a machine of one GPU; tiledsl.runtime.placement): every check suite at each of
+# SHARED_WORLDS (default 2 4 8), within SHARED_CHECKS_S seconds in all (default 480, under the device's 10
+# minutes a command). Each suite gets a soft budget (CHECKS_BUDGET_S: no check starts after it, the rest
+# print SKIP lines) and a hard limit 45 s past it; CHECKS_CALLS caps the calls of each repeated-call
+# check (6 at world 2, 4 at world 4, 3 at world 8: a first call, then the rest back to back); the checks
+# run spread over their programs (one of each before a second of any), so a budget cut leaves no program
+# unchecked; the checks of NCCL's and torch's symmetric memory print SKIP by name.
+# With the programs stage in the same call the two share the time: 300 s here, 200 s there by default.
+both=""; case " $stages " in *" checks "*) case " $stages " in *" programs "*) both=1 ;; esac ;; esac
+shared_checks() {
+  local began=$SECONDS w calls budget suite
+  deadline=$((SECONDS + ${SHARED_CHECKS_S:-$([ -n "$both" ] && echo 300 || echo 480)}))
+  for w in ${SHARED_WORLDS:-2 4 8}; do
+    if [ -n "$both" ]; then
+      case $w in 2) calls=4 budget=5 ;; 4) calls=3 budget=6 ;; *) calls=3 budget=8 ;; esac
+    else
+      case $w in 2) calls=6 budget=12 ;; 4) calls=4 budget=12 ;; *) calls=3 budget=15 ;; esac
+    fi
+    calls=${CHECKS_CALLS:-$calls}; budget=${CHECKS_BUDGET_S:-$budget}
+    run "smoke_runtime_world$w" 60 torchrun --nproc-per-node="$w" bench/smoke_runtime.py
+    for suite in multigpu collectives moe attention ops nodes; do
+      local name="${suite}_checks_world$w" nodes=""
+      [ "$suite" = multigpu ] && name="checks_world$w"
+      [ "$suite" = nodes ] && nodes="TILEDSL_NODES=2"
+      run "$name" $((budget + 45)) env $nodes CHECKS_CALLS="$calls" CHECKS_BUDGET_S="$budget" \
+        torchrun --nproc-per-node="$w" "tests/gpu/${suite}_checks.py"
+    done
+  done
+  run teardown_world2 90 python3 tests/gpu/teardown_check.py  # last: 5 launches of 2 ranks, ~50 s
+  deadline=""
+  echo "shared checks: $((SECONDS - began)) s"
+}
+# Every program of programs/ through `torchrun -m tiledsl run` at each of PROGRAM_WORLDS (default 2 4 8),
+# one torchrun a world over all of them (bench/programs_table.py), within PROGRAMS_S seconds in all
+# (default 480); then the table of them, also in $OUT/programs_table.md.
+programs_stage() {
+  local w began=$SECONDS
+  local total=${PROGRAMS_S:-$([ -n "$both" ] && echo 200 || echo 480)} worlds_here=${PROGRAM_WORLDS:-2 4 8}
+  local each=$((total / $(echo "$worlds_here" | wc -w)))
+  deadline=$((SECONDS + total + 40))
+  for w in $worlds_here; do
+    run "programs_world$w" $((each + 30)) python3 bench/programs_table.py run --world "$w" --quiet-s 45 \
+      --limit-s "$each" --out "$OUT"
+  done
+  deadline=""
+  python3 bench/programs_table.py table "$OUT" | tee "$OUT/programs_table.txt"
+  echo "programs: $((SECONDS - began)) s"
+}
 for stage in $stages; do
   case $stage in
     checks)
+      if [ "$gpus" -lt 2 ] && [ -z "${WORLDS:-}" ]; then shared_checks; continue; fi
       run smoke_runtime 120 torchrun --nproc-per-node="$gpus" bench/smoke_runtime.py
       for w in $worlds; do run "checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/multigpu_checks.py; done ;;
+    programs) programs_stage ;;
     gemm) run gemm_tile 200 python3 bench/bench_gemm.py ;;
     overlap)
       for w in $worlds; do run "overlap_world$w" 300 torchrun --nproc-per-node="$w" bench/bench_overlap.py; done ;;
@@ -114,9 +178,10 @@ for stage in $stages; do
 done
 echo "== summary"
 printf '%s' "$failures"
-printf '%-28s %5s %5s %5s %5s\n' stage exit PASS FAIL s
+printf '%-28s %5s %5s %5s %5s %5s\n' stage exit PASS FAIL SKIP s
 printf '%s\n' "${rows[@]}"
 fail_lines=$(printf '%s' "$failures" | grep -c '^')
-nonzero=$(printf '%s\n' "${rows[@]}" | awk '$2 != 0' | wc -l)
-echo "$([ "$status" -eq 0 ] && echo ok || echo FAILED): $fail_lines FAIL lines, $nonzero stages exited non-zero"
+nonzero=$(printf '%s\n' "${rows[@]}" | awk '$2 != 0 && $2 != "late"' | wc -l)
+echo "$([ "$status" -eq 0 ] && echo ok || echo FAILED): $fail_lines FAIL lines, $nonzero stages exited non-zero$(
+  [ "$late" -ne 0 ] && echo ", $late not started (deadline)")"
 exit $status

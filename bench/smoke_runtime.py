@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from tiledsl.runtime import copy_engine, nvshmem_device
+from tiledsl.runtime import placement
 from tiledsl.runtime.heap import NvshmemHeap, TorchSymmHeap, disable_multicast, open_heap
 
 ROW = 1024  # elements each rank writes into every peer
@@ -178,9 +179,11 @@ def start_watchdog(rank: int) -> threading.Timer:
 def main() -> int:
     """The exit code: 1 if any path failed on any rank."""
     disable_multicast()  # before NCCL initialises: it reads NCCL_NVLS_ENABLE once
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    place = placement.current()
+    torch.cuda.set_device(place.device)
+    # ranks sharing a GPU: gloo (NCCL refuses them); else NCCL bound to this rank's GPU, as before
+    dist.init_process_group(place.backend, **({} if place.shared else {"device_id": torch.device("cuda", place.device)}))
+    placement.settle()
     watchdog = start_watchdog(dist.get_rank())
     heap = TorchSymmHeap() if "--torch-symm" in sys.argv else open_heap()
     if heap.rank == 0:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Case, Checks, back_to_back, close, empty, start  # noqa: E402
+from harness import Case, Checks, back_to_back, cap_calls, close, empty, host, start  # noqa: E402
 
 import tiledsl
 
@@ -59,7 +59,7 @@ def decode_shapes(world):
 
 def gathered(x: torch.Tensor) -> list[torch.Tensor]:
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
+    host.all_gather(parts, x.contiguous())
     return parts
 
 
@@ -114,7 +114,7 @@ def decode_lengths(Lens, C):
     Lens[0] = C // 2 + 1
     Lens.add_((Lens % 64 == 0).int())
     Lens.clamp_(max=world * C)
-    dist.broadcast(Lens, 0)
+    host.broadcast(Lens, 0)
 
 
 # ---- checks ------------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def decode_case(B, H, HKV, C):
 
     def refresh():
         Q.normal_()
-        dist.broadcast(Q, 0)  # one query, the same on every rank
+        host.broadcast(Q, 0)  # one query, the same on every rank
         K.normal_()
         V.normal_()
         decode_lengths(Lens, C)
@@ -204,7 +204,7 @@ def decode_graph_check(heap, B, H, HKV, C):
             with torch.cuda.graph(graph):
                 program(*case.args, check=False)
             replay = graph.replay
-        for _ in range(CALLS):
+        for _ in range(cap_calls(CALLS)):
             case.refresh()
             replay()
             program.check()

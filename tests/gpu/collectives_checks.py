@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Case, Checks, back_to_back, close, empty, start  # noqa: E402
+from harness import Case, Checks, back_to_back, close, empty, host, start  # noqa: E402
 
 import tiledsl
 from tiledsl.collectives import AllReduce
@@ -49,7 +48,7 @@ def allreduce_check(allreduce: AllReduce, algorithm, numel: int, dtype):
             def refresh():  # inout: X is both the input and the output
                 X.normal_()
                 want.copy_(X)
-                dist.all_reduce(want)
+                host.all_reduce(want)
             return Case((X,), refresh, lambda: close(X, want, tolerance(dtype)))
 
         def call(X, check):
@@ -84,7 +83,7 @@ def allgather_check(heap, world, rows, cols, dtype):
 
             def refresh():
                 X.normal_()
-                dist.all_gather_into_tensor(want, X)
+                host.all_gather_into_tensor(want, X)
                 Y.fill_(NAN)
             return Case((X, Y), refresh, lambda: close(Y, want, 0.0))  # copies: exact
         back_to_back(program, program.check, make_case, CALLS)
@@ -102,7 +101,7 @@ def reduce_scatter_check(heap, world, rows, cols, dtype):
 
             def refresh():
                 X.normal_()
-                dist.reduce_scatter_tensor(want, X.float())
+                host.reduce_scatter_tensor(want, X.float())
                 Y.fill_(NAN)
             return Case((X, Y), refresh, lambda: close(Y, want, tolerance(dtype)))
         back_to_back(program, program.check, make_case, CALLS)
@@ -122,7 +121,7 @@ def gemm_ar_check(heap, world, M, K, N, dtype, **consts):
                 A.normal_()
                 B.normal_()
                 torch.matmul(A.float(), B.float(), out=want)
-                dist.all_reduce(want)
+                host.all_reduce(want)
                 C.fill_(NAN)
             # fp32 products go through TF32 tensor cores: the bf16 tolerance is the right one
             return Case((A, B, C), refresh, lambda: close(C, want, tolerance(torch.bfloat16)))
@@ -144,7 +143,7 @@ def allreduce_rmsnorm_check(heap, T, D, dtype):
                 R.normal_()
                 W.copy_(1 + 0.1 * empty(D).normal_())
                 summed = X.to(torch.float32, copy=True)  # X.float() would be X itself in fp32
-                dist.all_reduce(summed)
+                host.all_reduce(summed)
                 residual.copy_(summed + R.float())
                 normed.copy_(F.rms_norm(residual.float(), (D,), W.float(), eps=1e-6))
                 Y.fill_(NAN)

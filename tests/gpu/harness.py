@@ -2,13 +2,18 @@
 recording checks so that every rank runs every check and rank 0 prints one PASS/FAIL line each; the
 comparison every check uses; and many calls back to back, each on fresh inputs, each output checked."""
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from tiledsl.runtime import placement
+from tiledsl.runtime import placement as host  # host collectives on any backend: CUDA tensors via the CPU on gloo
 from tiledsl.runtime.heap import disable_multicast, open_heap
+
+BEGAN = time.monotonic()  # the script's start: CHECKS_BUDGET_S counts from here, startup included
 
 # The tensor sets of one repeated-call check take at most about this much memory together: two sets
 # at 256 MB messages, up to MAX_SETS for small ones.
@@ -18,23 +23,41 @@ MAX_SETS = 10
 # Where the checks' tensors live. CPU tests set "cpu" to run the checks' own logic (references, shapes,
 # comparisons, the calls back to back) on gloo ranks with stand-ins for the programs.
 DEVICE = "cuda"
+# Whether ranks share GPUs (set by start): then the process group is gloo, the references go through the
+# CPU, and the checks of NCCL's or torch's symmetric memory, which refuse such ranks, are skipped by name.
+SHARED = False
+# What each check needs that ranks sharing a GPU lack (Checks.record's `needs`)
+NEEDS = {"nccl": "NCCL, which refuses two ranks on one GPU",
+         "symm_mem": "torch's symmetric memory, which refuses ranks sharing a GPU"}
+
+
+def cap_calls(n: int) -> int:
+    """`n` calls, or at most CHECKS_CALLS (set where time is short: ranks sharing one GPU take turns on it)."""
+    cap = os.environ.get("CHECKS_CALLS")
+    return min(n, max(2, int(cap))) if cap else n
 
 
 def empty(*shape, dtype=torch.float32) -> torch.Tensor:
     return torch.empty(*shape, device=DEVICE, dtype=dtype)
 
 
-def start(seed: int, backend: str = "nccl"):
-    """(rank, world, heap) for this torchrun process; NVLink multicast stays off everywhere."""
+def start(seed: int, cpu: bool = False):
+    """(rank, world, heap) for this torchrun process, on its GPU (tiledsl.runtime.placement: ranks may
+    share GPUs); NVLink multicast stays off everywhere. `cpu`: gloo ranks without a GPU or a heap, for
+    the CPU tests of the checks' own logic."""
+    global SHARED
     disable_multicast()
-    dist.init_process_group(backend)
+    if cpu:
+        dist.init_process_group("gloo")
+        heap = None
+    else:
+        SHARED = placement.start().shared
+        heap = open_heap()
     rank, world = dist.get_rank(), dist.get_world_size()
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(seed + rank)
-    heap = open_heap() if backend == "nccl" else None
     if rank == 0 and heap is not None:
-        print(f"heap: {type(heap).__name__}, world {world}", flush=True)
+        shared = f"; {placement.current().describe()}: correctness only" if SHARED else ""
+        print(f"heap: {type(heap).__name__}, world {world}{shared}", flush=True)
     return rank, world, heap
 
 
@@ -55,13 +78,59 @@ class Checks:
         # new programs first, under a short time limit)
         self.only = os.environ.get("CHECKS_ONLY", "")
         self._only = [part for part in self.only.split("|") if part] or [""]
+        # CHECKS_BUDGET_S=S: no check starts once S seconds have passed since the script began; the rest
+        # print SKIP lines (a limit of time the caller sets a little under its hard one, so that the run
+        # still ends with its summary)
+        self.budget = float(os.environ.get("CHECKS_BUDGET_S") or "inf")
+        self.unneeded = 0   # skipped: they need what ranks sharing a GPU lack
+        self.late = 0       # skipped: out of time
+        # Where ranks share a GPU time is short and a budget cuts the list: the checks then run in turns,
+        # one of each kind (the name's first word: the program) before a second of any, so that every
+        # program is checked before any is checked twice. CHECKS_SPREAD=1 asks for it anywhere.
+        self.spread = SHARED or os.environ.get("CHECKS_SPREAD") == "1"
+        self.pending: list[tuple[str, Callable, str | None, bool]] = []
 
-    def record(self, name: str, check) -> bool:
-        """Run one check on every rank and print one PASS/FAIL line."""
+    def record(self, name: str, check, needs: str | None = None, last: bool = False) -> bool:
+        """Run one check on every rank and print one PASS/FAIL line (SKIP where it cannot run here: it
+        `needs` NCCL or torch's symmetric memory and ranks share a GPU, or the time budget is spent).
+        Spread (see __init__), the check only joins the list, which `finish` runs; `last`: after every
+        other (a check that may leave a program's state behind). Returns whether it passed (True when
+        it only joined the list)."""
+        if self.spread:
+            self.pending.append((name, check, needs, last))
+            return True
+        return self._run(name, check, needs)
+
+    def run_pending(self) -> None:
+        """The checks `record` listed, in turns over their kinds, the `last` ones at the end."""
+        pending, self.pending = self.pending, []
+        queues: dict[str, list] = {}
+        for entry in pending:
+            if not entry[3]:
+                queues.setdefault(entry[0].split(" ")[0], []).append(entry)
+        ordered = []
+        while any(queues.values()):
+            for queue in queues.values():
+                if queue:
+                    ordered.append(queue.pop(0))
+        ordered += [entry for entry in pending if entry[3]]
+        for name, check, needs, _ in ordered:
+            self._run(name, check, needs)
+
+    def _run(self, name: str, check, needs: str | None) -> bool:
         if not any(part in name for part in self._only):
             self.skipped += 1
             return True
+        if needs is not None and SHARED:
+            self.unneeded += 1
+            self._say(f"SKIP {name} -- needs {NEEDS[needs]}")
+            return True
+        if self._out_of_time():
+            self.late += 1
+            self._say(f"SKIP {name} -- out of time (CHECKS_BUDGET_S={self.budget:g})")
+            return True
         self.ran += 1
+        began = time.monotonic()
         try:
             check()
             mine = (True, "")
@@ -71,20 +140,40 @@ class Checks:
         dist.all_gather_object(everyone, mine)
         ok = all(passed for passed, _ in everyone)
         self.failures += not ok
-        if dist.get_rank() == 0:
-            detail = "" if ok else " -- " + next(message for passed, message in everyone if not passed)
-            print(f"{'PASS' if ok else 'FAIL'} {name}{detail}", flush=True)
+        took = time.monotonic() - began
+        detail = f" -- {took:.1f} s" if ok else \
+            " -- " + next(message for passed, message in everyone if not passed) + f" ({took:.1f} s)"
+        self._say(f"{'PASS' if ok else 'FAIL'} {name}{detail}")
         return ok
+
+    def _out_of_time(self) -> bool:
+        """Rank 0's clock decides for every rank: they skip together or run together."""
+        if self.budget == float("inf"):
+            return False
+        late = [time.monotonic() - BEGAN > self.budget]
+        dist.broadcast_object_list(late, src=0)
+        return bool(late[0])
+
+    @staticmethod
+    def _say(line: str) -> None:
+        if dist.get_rank() == 0:
+            print(line, flush=True)
 
     def finish(self, heap) -> int:
         """Close the heap and the group; the exit code of the script. A run that checked nothing failed:
         a CHECKS_ONLY left in the environment must not pass for a clean run."""
+        self.run_pending()
         dist.barrier()
         if not self.ran:
             self.failures += 1
         if dist.get_rank() == 0:
             if self.skipped:
                 print(f"skipped {self.skipped} checks whose name lacks CHECKS_ONLY={self.only!r}", flush=True)
+            if self.unneeded:
+                print(f"skipped {self.unneeded} checks of NCCL or torch's symmetric memory: ranks share a GPU",
+                      flush=True)
+            if self.late:
+                print(f"skipped {self.late} checks: out of time (CHECKS_BUDGET_S={self.budget:g})", flush=True)
             if not self.ran:
                 print(f"FAIL no check ran (CHECKS_ONLY={self.only!r} matched none of {self.skipped})", flush=True)
             print(summary_line(self.ran, self.failures), flush=True)
@@ -161,8 +250,8 @@ def _anyone(failed: bool) -> bool:
     and timing out in the barrier of a rank that stopped."""
     if not dist.is_initialized():
         return failed
-    flag = torch.tensor([int(failed)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    flag = torch.tensor([int(failed)], device=DEVICE if torch.cuda.is_available() else "cpu")
+    host.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
 
@@ -176,6 +265,7 @@ def back_to_back(call, check, make_case: Callable[[], Case], calls: int) -> None
     them and no synchronisation; then every set is verified. A call thus always finds the previous
     call's different data in the symmetric buffers (gathered rows, staged copies): a wait that lets a
     reader through too early reads wrong values, not stale ones that happen to be right."""
+    calls = cap_calls(calls)
     before = _allocated()
     first = make_case()
     first.refresh()

@@ -12,13 +12,14 @@ below the counts only. Rank 0 prints one PASS/FAIL line a check."""
 import os
 import re
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Case, Checks, back_to_back, close, empty, start  # noqa: E402
+from harness import Case, Checks, back_to_back, cap_calls, close, empty, host, start  # noqa: E402
 
 import tiledsl
 
@@ -86,7 +87,7 @@ def grouped(ids: torch.Tensor, experts: int):
 def exchange_counts(sent: torch.Tensor, world: int, E: int) -> torch.Tensor:
     """got[s, e]: the rows rank s sends to this rank's expert e (the splits exchanged first)."""
     got = torch.empty_like(sent)
-    dist.all_to_all_single(got, sent)
+    host.all_to_all_single(got, sent)
     return got.view(world, E)
 
 
@@ -96,7 +97,7 @@ def dispatch_reference(X, ids, E, C, world):
     order, sent, slot = grouped(ids, E * world)
     got = exchange_counts(sent, world, E)
     rows = torch.empty(int(got.sum()), H, dtype=X.dtype, device=X.device)
-    dist.all_to_all_single(rows, X[order // K].contiguous(), got.sum(1).tolist(), sent.view(world, E).sum(1).tolist())
+    host.all_to_all_single(rows, X[order // K].contiguous(), got.sum(1).tolist(), sent.view(world, E).sum(1).tolist())
     recv = torch.full((E, world, C, H), NAN, device=X.device)
     at = 0
     for s in range(world):
@@ -114,7 +115,7 @@ def combine_reference(Y, ids, w, E, world):
     got = exchange_counts(sent, world, E)
     rows = torch.cat([Y[e, s, :int(got[s, e])] for s in range(world) for e in range(E)])
     back = torch.empty(int(sent.sum()), Y.shape[-1], dtype=Y.dtype, device=Y.device)
-    dist.all_to_all_single(back, rows.contiguous(), sent.view(world, E).sum(1).tolist(), got.sum(1).tolist())
+    host.all_to_all_single(back, rows.contiguous(), sent.view(world, E).sum(1).tolist(), got.sum(1).tolist())
     out = torch.zeros(T, Y.shape[-1], device=Y.device)
     out.index_add_(0, order // K, back.float() * w.flatten()[order, None])
     return out
@@ -124,9 +125,9 @@ def ag_group_gemm_reference(A, ids, B, C, world):
     """(G [world, E, C, N] float, count [world, E]): all-gathered tokens, per-expert matmuls."""
     E = B.shape[0]
     A_all = torch.empty(world * A.shape[0], A.shape[1], dtype=A.dtype, device=A.device)
-    dist.all_gather_into_tensor(A_all, A.contiguous())
+    host.all_gather_into_tensor(A_all, A.contiguous())
     ids_all = torch.empty(world * ids.shape[0], ids.shape[1], dtype=ids.dtype, device=ids.device)
-    dist.all_gather_into_tensor(ids_all, ids.contiguous())
+    host.all_gather_into_tensor(ids_all, ids.contiguous())
     G = torch.full((world, E, C, B.shape[-1]), NAN, device=A.device)
     count = torch.empty(world, E, dtype=torch.long, device=A.device)
     K, T = ids.shape[1], A.shape[0]
@@ -146,7 +147,7 @@ def moe_gemm_rs_reference(Hx, ids, w, B, world):
     gather their k rows with their weights."""
     Z = torch.einsum("secI,eIN->secN", Hx.float(), B.float())  # [world, E, C, N]
     mine = torch.empty(Z.shape[1:], device=Z.device)
-    dist.reduce_scatter_tensor(mine, Z.flatten(0, 1))  # rank r's share: Z[r], summed over ranks
+    host.reduce_scatter_tensor(mine, Z.flatten(0, 1))  # rank r's share: Z[r], summed over ranks
     _, _, slot = grouped(ids, B.shape[0])
     picked = mine[ids.long(), slot]  # [T, K, N]
     return (picked * w[..., None]).sum(1)
@@ -321,7 +322,7 @@ def user_graph(heap, name, make_case):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             program(**case.args[0], check=False)
-        for _ in range(20):
+        for _ in range(cap_calls(20)):
             case.refresh()
             graph.replay()
             torch.cuda.synchronize()
@@ -362,39 +363,39 @@ def main() -> int:
     for n, (T, H, K, E, C) in enumerate(EP_SHAPES):
         for kind in routings(K, E * world, E, ep=True, every=n == 0):
             shape = f"T={T} H={H} K={K} E={E}x{world} C={C} {kind}"
-            record(f"moe_dispatch {shape}", repeated(heap, "moe_dispatch", lambda: dispatch_case(
+            record(f"moe_dispatch {shape}", repeated(heap, "moe_dispatch", partial(dispatch_case,
                 world, rank, T, H, K, E, C, kind)))
-            record(f"moe_combine {shape}", repeated(heap, "moe_combine", lambda: combine_case(
+            record(f"moe_combine {shape}", repeated(heap, "moe_combine", partial(combine_case,
                 world, rank, T, H, K, E, C, kind)))
     for n, (T, H, K, E, C) in enumerate(EP_SHAPES):
         if H % FP8_GROUP:
             continue  # moe_dispatch_fp8 needs whole groups of 128 values (its `require`)
         for kind in routings(K, E * world, E, ep=True, every=n == 0):
             record(f"moe_dispatch_fp8 T={T} H={H} K={K} E={E}x{world} C={C} {kind}", repeated(
-                heap, "moe_dispatch_fp8", lambda: dispatch_fp8_case(world, rank, T, H, K, E, C, kind)))
+                heap, "moe_dispatch_fp8", partial(dispatch_fp8_case, world, rank, T, H, K, E, C, kind)))
     for D, N, E, C in FP8_GEMM_SHAPES:
         record(f"group_gemm_fp8 D={D} N={N} E={E} C={C}", repeated(
-            heap, "group_gemm_fp8", lambda: group_gemm_fp8_case(D, N, E, C)))
+            heap, "group_gemm_fp8", partial(group_gemm_fp8_case, D, N, E, C)))
     T, H, K, E, C = EP_SHAPES[0]
     record(f"user CUDA graph, moe_dispatch_fp8 T={T} H={H} K={K}",
-           user_graph(heap, "moe_dispatch_fp8", lambda: dispatch_fp8_case(world, rank, T, H, K, E, C, "uniform")))
+           user_graph(heap, "moe_dispatch_fp8", partial(dispatch_fp8_case, world, rank, T, H, K, E, C, "uniform")))
     record(f"user CUDA graph, moe_dispatch T={T} H={H} K={K}",
-           user_graph(heap, "moe_dispatch", lambda: dispatch_case(world, rank, T, H, K, E, C, "uniform")))
+           user_graph(heap, "moe_dispatch", partial(dispatch_case, world, rank, T, H, K, E, C, "uniform")))
     record(f"user CUDA graph, moe_combine T={T} H={H} K={K}",
-           user_graph(heap, "moe_combine", lambda: combine_case(world, rank, T, H, K, E, C, "uniform")))
+           user_graph(heap, "moe_combine", partial(combine_case, world, rank, T, H, K, E, C, "uniform")))
 
     for n, (T, D, N, K, E, C) in enumerate(GEMM_SHAPES):
         for kind in routings(K, E, E, ep=False, every=n == 0):
             shape = f"T={T} D={D} N={N} K={K} E={E} C={C} {kind}"
-            record(f"ag_group_gemm {shape}", repeated(heap, "ag_group_gemm", lambda: ag_group_gemm_case(
+            record(f"ag_group_gemm {shape}", repeated(heap, "ag_group_gemm", partial(ag_group_gemm_case,
                 world, rank, T, D, N, K, E, C, kind)))
-            record(f"moe_gemm_rs {shape}", repeated(heap, "moe_gemm_rs", lambda: moe_gemm_rs_case(
+            record(f"moe_gemm_rs {shape}", repeated(heap, "moe_gemm_rs", partial(moe_gemm_rs_case,
                 world, rank, T, D, N, K, E, C, kind)))
     # last: a call that raised may leave the heap's signals of that program behind
     record("moe_dispatch over capacity raises CapacityExceeded", over_capacity(
-        heap, "moe_dispatch", lambda: dispatch_case(world, rank, 64, 256, 2, 2, 16, "skewed"), world))
+        heap, "moe_dispatch", partial(dispatch_case, world, rank, 64, 256, 2, 2, 16, "skewed"), world), last=True)
     record("ag_group_gemm over capacity raises CapacityExceeded", over_capacity(
-        heap, "ag_group_gemm", lambda: ag_group_gemm_case(world, rank, 64, 256, 128, 2, 4, 16, "skewed"), world))
+        heap, "ag_group_gemm", partial(ag_group_gemm_case, world, rank, 64, 256, 128, 2, 4, 16, "skewed"), world), last=True)
 
     return checks.finish(heap)
 

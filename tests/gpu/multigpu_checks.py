@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Case, Checks, back_to_back, close, empty, start  # noqa: E402
+from harness import Case, Checks, back_to_back, cap_calls, close, empty, host, start  # noqa: E402
 
 import tiledsl
 from tiledsl.runtime.launch import LaunchError, ScheduleTimeout
@@ -43,7 +43,7 @@ def ag_gemm_case(world, M, K, N):
     def refresh():
         A.normal_()
         B.normal_()
-        dist.all_gather_into_tensor(full, A)
+        host.all_gather_into_tensor(full, A)
         torch.matmul(full, B, out=want)
         C.fill_(NAN)
     return Case((A, B, C), refresh, lambda: close(C, want))
@@ -65,7 +65,7 @@ def gemm_rs_case(world, M, K, N):
     def refresh():
         A.normal_()
         B.normal_()
-        dist.reduce_scatter_tensor(want, A.float() @ B.float())
+        host.reduce_scatter_tensor(want, A.float() @ B.float())
         C.fill_(NAN)
     return Case((A, B, C), refresh, lambda: close(C, want))
 
@@ -148,14 +148,14 @@ def main() -> int:
 
     def all_reduce(x, want):
         want.copy_(x)
-        dist.all_reduce(want)
+        host.all_reduce(want)
 
     def reduce_scatter(x, want):
-        dist.reduce_scatter_tensor(want, x.float())
+        host.reduce_scatter_tensor(want, x.float())
 
     def all_gather(x, want):
         gathered = empty(*want.shape, dtype=x.dtype)
-        dist.all_gather_into_tensor(gathered, x)
+        host.all_gather_into_tensor(gathered, x)
         want.copy_(gathered)
 
     for n in ALLREDUCE_SIZES:
@@ -205,7 +205,7 @@ def main() -> int:
             with torch.cuda.graph(graph):
                 for _ in range(calls_per_graph):
                     program(*case.args, check=False)
-            for _ in range(20):
+            for _ in range(cap_calls(20)):
                 case.refresh()
                 graph.replay()
                 torch.cuda.synchronize()
@@ -220,7 +220,7 @@ def main() -> int:
         def refresh():
             X.normal_()
             want.copy_(X)
-            dist.all_reduce(want)
+            host.all_reduce(want)
             want.mul_(world ** (calls - 1))
         return Case((X,), refresh, lambda: close(X, want))
 

@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Case, Checks, back_to_back, close, empty, start  # noqa: E402
+from harness import Case, Checks, back_to_back, close, empty, host, start  # noqa: E402
 
 import tiledsl
 
@@ -70,7 +69,7 @@ def allgather_check(heap, world, rows, cols, dtype):
 
             def refresh():
                 X.normal_()
-                dist.all_gather_into_tensor(want, X)
+                host.all_gather_into_tensor(want, X)
                 Y.fill_(NAN)
             return Case((X, Y), refresh, lambda: close(Y, want, 0.0))  # copies: exact
         back_to_back(program, program.check, make_case, CALLS)
@@ -88,7 +87,7 @@ def reduce_scatter_check(heap, world, rows, cols, dtype):
 
             def refresh():
                 X.normal_()
-                dist.reduce_scatter_tensor(want, X.float())
+                host.reduce_scatter_tensor(want, X.float())
                 Y.fill_(NAN)
             return Case((X, Y), refresh, lambda: close(Y, want, tolerance(dtype)))
         back_to_back(program, program.check, make_case, CALLS)
@@ -110,7 +109,7 @@ def reduce_scatter_in_place_check(heap, world, rows, cols, dtype):
 
             def refresh():
                 source.normal_()
-                dist.reduce_scatter_tensor(want, source.float())
+                host.reduce_scatter_tensor(want, source.float())
                 Y.fill_(NAN)
             return Case((X, Y), refresh, lambda: close(Y, want, tolerance(dtype)), load=lambda: X.copy_(source))
         back_to_back(program, program.check, make_case, CALLS)
@@ -129,7 +128,7 @@ def allreduce_check(heap, numel, dtype):
             def refresh():  # inout: X is both the input and the output
                 X.normal_()
                 want.copy_(X)
-                dist.all_reduce(want)
+                host.all_reduce(want)
             return Case((X,), refresh, lambda: close(X, want, tolerance(dtype)))
         back_to_back(program, program.check, make_case, CALLS)
     return run
@@ -146,7 +145,7 @@ def ag_gemm_check(heap, world, M, K, N, options):
             def refresh():
                 A.normal_()
                 B.normal_()
-                dist.all_gather_into_tensor(gathered, A)
+                host.all_gather_into_tensor(gathered, A)
                 torch.matmul(gathered.float(), B.float(), out=want)
                 C.fill_(NAN)
             return Case((A, B, C), refresh, lambda: close(C, want))
@@ -166,7 +165,7 @@ def gemm_rs_check(heap, world, M, K, N, options):
                 A.normal_()
                 B.normal_()
                 torch.matmul(A.float(), B.float(), out=product)
-                dist.reduce_scatter_tensor(want, product)
+                host.reduce_scatter_tensor(want, product)
                 C.fill_(NAN)
             return Case((A, B, C), refresh, lambda: close(C, want))
         back_to_back(program, program.check, make_case, CALLS)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402
-from harness import Checks, close, start  # noqa: E402
+from harness import Checks, close, host, start  # noqa: E402
 
 import tiledsl.ops as ops  # noqa: E402
 from tiledsl.ops.dispatch import OPS  # noqa: E402
@@ -58,7 +58,7 @@ def expected(op: str, mine: list[torch.Tensor], kwargs: dict, rank: int, world: 
     """float64 results from every rank's inputs, gathered through NCCL."""
     def gathered(t):
         parts = [torch.empty_like(t) for _ in range(world)]
-        dist.all_gather(parts, t.contiguous())
+        host.all_gather(parts, t.contiguous())
         return [p.double() for p in parts]
 
     if op == "all_gather_matmul":
@@ -91,7 +91,7 @@ def fresh(shapes, dtype) -> list[torch.Tensor]:
 
 def path_check(op, shapes, kwargs, dtype, rank, world, **extra):
     def run():
-        for _ in range(CALLS):
+        for _ in range(harness.cap_calls(CALLS)):
             tensors = fresh(shapes, dtype)
             want = expected(op, tensors, kwargs, rank, world)
             got = call(op, tensors, kwargs, **extra)
@@ -110,16 +110,16 @@ def decode_check(dtype, rank, world, **extra):
     B, H, HKV, D, C = (DECODE[k] for k in ("B", "H", "HKV", "D", "C"))
 
     def run():
-        for _ in range(CALLS):
+        for _ in range(harness.cap_calls(CALLS)):
             q = torch.randn(B, H, D, device=harness.DEVICE).to(dtype)
-            dist.broadcast(q, 0)  # one query token a sequence, the same on every rank
+            host.broadcast(q, 0)  # one query token a sequence, the same on every rank
             k, v = (torch.randn(B, C, HKV, D, device=harness.DEVICE).to(dtype) for _ in range(2))
             lens = torch.randint(0, world * C + 1, (B,), device=harness.DEVICE, dtype=torch.int32)
             lens[0], lens[1] = 0, C // 2
-            dist.broadcast(lens, 0)
+            host.broadcast(lens, 0)
             everyone_k = [torch.empty_like(k) for _ in range(world)]
             everyone_v = [torch.empty_like(v) for _ in range(world)]
-            dist.all_gather(everyone_k, k), dist.all_gather(everyone_v, v)
+            host.all_gather(everyone_k, k), host.all_gather(everyone_v, v)
             keys = torch.cat(everyone_k, dim=1).double()
             values = torch.cat(everyone_v, dim=1).double()
             want = torch.zeros(B, H, D, dtype=torch.float64, device=harness.DEVICE)
@@ -145,11 +145,11 @@ def sp_check(dtype, rank, world, **extra):
     B, P, H, HKV = (SP[k] for k in ("B", "P", "H", "HKV"))
 
     def run():
-        for _ in range(CALLS):
+        for _ in range(harness.cap_calls(CALLS)):
             q = torch.randn(B, 2, P, H, 128, device=harness.DEVICE).to(dtype)
             k, v = (torch.randn(B, 2, P, HKV, 128, device=harness.DEVICE).to(dtype) for _ in range(2))
             every_k, every_v = ([torch.empty_like(t) for _ in range(world)] for t in (k, v))
-            dist.all_gather(every_k, k), dist.all_gather(every_v, v)
+            host.all_gather(every_k, k), host.all_gather(every_v, v)
             order = sorted((s + z * (2 * world - 1 - 2 * s), s, z) for s in range(world) for z in range(2))
             keys, values = (torch.cat([every[s][:, z] for _, s, z in order], dim=1).double()
                             .repeat_interleave(H // HKV, dim=2).transpose(1, 2) for every in (every_k, every_v))
@@ -174,7 +174,7 @@ def moe_check(dtype, impls, **extra):
 
     def run():
         world = dist.get_world_size()
-        for _ in range(CALLS):
+        for _ in range(harness.cap_calls(CALLS)):
             x = torch.randn(T, H, device=harness.DEVICE).to(dtype)
             ids = torch.rand(T, E * world, device=harness.DEVICE).topk(K, dim=1).indices.to(torch.int32)
             w = torch.rand(T, K, device=harness.DEVICE)
@@ -235,6 +235,11 @@ def compiled_block_check():
     return run
 
 
+def torch_needs(impl: str) -> str | None:
+    """The torch path's collectives are NCCL's (and tuning measures that path): skipped where ranks share a GPU."""
+    return "nccl" if impl == "torch" else None
+
+
 def main() -> int:
     rank, world, heap = start(seed=23)
     torch.set_float32_matmul_precision("high")  # TF32, as the programs' tl.dot: the fp32 programs apply
@@ -244,30 +249,34 @@ def main() -> int:
     for label, op, shapes, kwargs in cases(world):
         for name in ("torch", *OPS[op].programs):  # a program by name: its default tunables
             checks.record(f"{label} bf16 via {name}",
-                          path_check(op, shapes, kwargs, torch.bfloat16, rank, world, impl=name))
+                          path_check(op, shapes, kwargs, torch.bfloat16, rank, world, impl=name), needs=torch_needs(name))
         for dtype in (torch.float16, torch.float32):
             checks.record(f"{label} {str(dtype)[6:]} via its preferred program",
                           path_check(op, shapes, kwargs, dtype, rank, world, impl=OPS[op].programs[0]))
-        checks.record(f"{label} bf16 tuned", path_check(op, shapes, kwargs, torch.bfloat16, rank, world, tune=True))
-        if rank == 0:
-            print(f"  {label}: {ops.decision(op)}", flush=True)
+        checks.record(f"{label} bf16 tuned", path_check(op, shapes, kwargs, torch.bfloat16, rank, world, tune=True),
+                      needs="nccl")
     for label, dtype, extra in (("bf16 via torch", torch.bfloat16, {"impl": "torch"}),
                                 ("bf16 via flash_decode", torch.bfloat16, {"impl": "flash_decode"}),
                                 ("fp16 via flash_decode", torch.float16, {"impl": "flash_decode"}),
                                 ("bf16 tuned", torch.bfloat16, {"tune": True})):
-        checks.record(f"flash_decode B=8 H=64/8 C=3001 a rank {label}", decode_check(dtype, rank, world, **extra))
+        needs = torch_needs(extra.get("impl", "torch"))  # tuning measures the torch path too
+        checks.record(f"flash_decode B=8 H=64/8 C=3001 a rank {label}", decode_check(dtype, rank, world, **extra),
+                      needs=needs)
         program = {"impl": "sp_ag_attention"} if extra.get("impl") == "flash_decode" else extra
         checks.record(f"sp_attention B=2 P=1000 H=32/8 {label.replace('flash_decode', 'sp_ag_attention')}",
-                      sp_check(dtype, rank, world, **program))
+                      sp_check(dtype, rank, world, **program), needs=needs)
     for label, dtype, impls, extra in (("bf16 via torch", torch.bfloat16, ("torch", "torch"), {}),
                                        ("bf16 via the programs", torch.bfloat16, ("moe_dispatch", "moe_combine"), {}),
                                        ("fp32 via the programs", torch.float32, ("moe_dispatch", "moe_combine"), {}),
                                        ("bf16 tuned", torch.bfloat16, (None, None), {"tune": True})):
         checks.record(f"moe_dispatch + moe_combine T=300 H=4096 top-4 of 8 a rank {label}",
-                      moe_check(dtype, impls, **extra))
+                      moe_check(dtype, impls, **extra), needs=torch_needs(impls[0] or "torch"))
     checks.record("ops recorded in the caller's CUDA graph, replayed with new inputs", user_graph_check(rank, world))
     checks.record("a block of ops under torch.compile(fullgraph=True) matches eager", compiled_block_check())
+    checks.run_pending()  # spread (ranks sharing a GPU): the checks run here, before what they decided is shown
     if rank == 0:
+        for label, op, _, _ in cases(world):
+            print(f"  {label}: {ops.decision(op)}", flush=True)
         print(ops.explain(), flush=True)
     ops.reset()
     return checks.finish(heap)

@@ -29,11 +29,10 @@ def rank_main(case: str) -> int:
     from tiledsl.diagnostics import TdsError
     from tiledsl.runtime.issue import ScheduleTimeout
     from tiledsl.runtime.validate import LaunchError
-    from tiledsl.runtime.heap import disable_multicast, open_heap
+    from tiledsl.runtime import placement
+    from tiledsl.runtime.heap import open_heap
 
-    disable_multicast()
-    dist.init_process_group("nccl")
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    placement.start()  # NCCL, or gloo where the two ranks share a GPU
     world = dist.get_world_size()
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     expected_error = False

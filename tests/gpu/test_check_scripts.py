@@ -143,7 +143,7 @@ def _script_rank(rank, world, port, script, stale, results):
     import harness
     module = __import__(script)
     harness.DEVICE = "cpu"
-    module.start = lambda seed: harness.start(seed, backend="gloo")
+    module.start = lambda seed: harness.start(seed, cpu=True)
     module.CALLS = 12  # more than one round of calls back to back
     module.tiledsl = type("tiledsl", (), {"compile": staticmethod(_compile(stale))})
     if script == "attention_checks":

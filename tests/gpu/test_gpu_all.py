@@ -9,17 +9,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STUB = """#!/usr/bin/env bash
 if [ "$1" = "-c" ]; then  # the script asks for the GPU count, then the versions
-  case $2 in *device_count*) echo 2 ;; *) echo "torch stub triton stub" ;; esac
+  case $2 in *device_count*) echo "${STUB_GPUS:-2}" ;; *) echo "torch stub triton stub" ;; esac
   exit 0
 fi
 for arg in "$@"; do case $arg in *.py) name=$(basename "$arg" .py) ;; esac; done
 [ -n "${TILEDSL_NODES:-}" ] && echo "TILEDSL_NODES=$TILEDSL_NODES"
+[ -n "${CHECKS_CALLS:-}" ] && echo "CHECKS_CALLS=$CHECKS_CALLS CHECKS_BUDGET_S=$CHECKS_BUDGET_S"
+for arg in "$@"; do case $arg in --nproc-per-node=*) echo "ranks ${arg#*=}" ;; esac; done
+[ -n "${STUB_SLEEP:-}" ] && sleep "$STUB_SLEEP"
 cat "$STUBS/$name.out" 2>/dev/null
 exit "$(cat "$STUBS/$name.rc" 2>/dev/null || echo 0)"
 """
 
 
-def gpu_all(tmp_path, stages, outputs=None, codes=None, old_logs=None):
+def gpu_all(tmp_path, stages, outputs=None, codes=None, old_logs=None, **environ):
     """Run gpu_all.sh on `stages` with stubbed scripts: `outputs` and `codes` by script name."""
     bin_dir, stubs, out = tmp_path / "bin", tmp_path / "stubs", tmp_path / "out"
     for folder in (bin_dir, stubs, out):
@@ -33,7 +36,7 @@ def gpu_all(tmp_path, stages, outputs=None, codes=None, old_logs=None):
         (stubs / f"{name}.rc").write_text(str(code))
     for name, text in (old_logs or {}).items():
         (out / name).write_text(text)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUBS": str(stubs), "OUT": str(out)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUBS": str(stubs), "OUT": str(out), **environ}
     env.pop("CHECKS_ONLY", None)
     done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_all.sh"), *stages], env=env, capture_output=True,
                           text=True, timeout=120)
@@ -49,7 +52,7 @@ def test_a_clean_run_passes_and_ends_with_the_table(tmp_path):
     assert code == 0, out
     lines = out.splitlines()
     assert lines[-1] == "ok: 0 FAIL lines, 0 stages exited non-zero"
-    assert lines[-5].split() == ["stage", "exit", "PASS", "FAIL", "s"]
+    assert lines[-5].split() == ["stage", "exit", "PASS", "FAIL", "SKIP", "s"]
     assert [line.split()[:4] for line in lines[-4:-1]] == [
         ["smoke_runtime", "0", "2", "0"], ["checks_world2", "0", "2", "0"], ["gemm_tile", "0", "0", "0"]]
 
@@ -114,3 +117,37 @@ def test_the_attention_stage_runs_its_checks_then_its_benchmark_at_world_2(tmp_p
         ["attention_checks_world2", "0", "2", "0"], ["attention_world2", "0", "0", "0"]]
     code, out = gpu_all(tmp_path, ["attention"], {**outputs, "bench_attention": "FAIL decode B=1 kv=1024\n"})
     assert code == 1 and "attention_world2: FAIL decode B=1 kv=1024" in out
+
+
+SHARED_SUITES = ["smoke_runtime", "checks", "collectives_checks", "moe_checks", "attention_checks", "ops_checks",
+                 "nodes_checks"]
+
+
+def test_one_gpu_runs_every_suite_at_worlds_2_4_8_with_ranks_sharing_it(tmp_path):
+    outputs = {"multigpu_checks": "PASS a -- 1.0 s\nSKIP b -- needs NCCL\n1 run, 0 failed\n"}
+    code, out = gpu_all(tmp_path, ["checks"], outputs, STUB_GPUS="1")
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and "_world" in line.split()[0]]
+    names = [row[0] for row in rows if len(row) == 6]
+    assert names == [f"{s}_world{w}" for w in (2, 4, 8) for s in SHARED_SUITES] + ["teardown_world2"], names
+    assert ["checks_world8", "0", "1", "0", "1"] == next(r[:5] for r in rows if r[0] == "checks_world8")
+    log = (tmp_path / "out" / "checks_world8.log").read_text()
+    assert "ranks 8" in log and "CHECKS_CALLS=3" in log  # fewer calls at world 8
+    assert (tmp_path / "out" / "nodes_checks_world4.log").read_text().startswith("TILEDSL_NODES=2\n")
+
+
+def test_past_its_deadline_no_run_starts_and_the_run_is_not_ok(tmp_path):
+    code, out = gpu_all(tmp_path, ["checks"], {}, STUB_GPUS="1", SHARED_CHECKS_S="21", STUB_SLEEP="2")
+    assert code == 1
+    assert "not started, the deadline has come" in out and out.splitlines()[-1].endswith("not started (deadline)")
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[:1] and "_world" in
+            line.split()[0] and len(line.split()) == 6}
+    assert rows["smoke_runtime_world2"] == "0" and rows["teardown_world2"] == "late" and rows["checks_world8"] == "late"
+
+
+def test_the_programs_stage_runs_each_world_then_prints_the_table(tmp_path):
+    outputs = {"programs_table": "PASS allreduce world 2 -- Y: ok\n"}
+    code, out = gpu_all(tmp_path, ["programs"], outputs, STUB_GPUS="1", PROGRAM_WORLDS="2 8")
+    assert code == 0, out
+    assert [line.split()[:4] for line in out.splitlines()[-3:-1]] == [
+        ["programs_world2", "0", "1", "0"], ["programs_world8", "0", "1", "0"]], out

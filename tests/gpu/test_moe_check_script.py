@@ -94,7 +94,7 @@ def _script_rank(rank, world, port, stale, results):
     import harness
     import moe_checks
     harness.DEVICE = "cpu"
-    moe_checks.start = lambda seed: harness.start(seed, backend="gloo")
+    moe_checks.start = lambda seed: harness.start(seed, cpu=True)
     moe_checks.CALLS = 12  # more than one round of calls back to back
     moe_checks.EP_SHAPES = [(10, 12, 2, 2, 10), (9, 8, 1, 3, 9)]
     moe_checks.FP8_GROUP = 4  # 3 and 2 scales a row at these widths

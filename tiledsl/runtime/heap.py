@@ -14,6 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from tiledsl.runtime import placement
 from tiledsl.topology import Topology, declared, launched, within_one_machine
 
 # NVLink SHARP / multicast off in every library that could reach for it; read once, when each library initialises.
@@ -156,8 +157,8 @@ class _ProcessGroupHeap(SymmetricHeap):
         if not dist.is_initialized():
             raise RuntimeError("a symmetric heap needs torch.distributed initialised first (init_process_group)")
         self.group = group if group is not None else dist.group.WORLD
-        local_rank = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
-        torch.cuda.set_device(local_rank)
+        self.placement = placement.settle()  # this rank's GPU: its own, or one it shares with other ranks
+        local_rank = self.placement.device
         world = dist.get_world_size(self.group)
         # TILEDSL_NODES, else torchrun's LOCAL_WORLD_SIZE: the nodes of this launch (of the world group)
         if world == dist.get_world_size():
@@ -178,6 +179,18 @@ class _ProcessGroupHeap(SymmetricHeap):
             dist.barrier(self.group)
 
 
+def _size_bytes(text: str) -> int:
+    """NVSHMEM_SYMMETRIC_SIZE as NVSHMEM reads it (a number of bytes, or with a K/M/G/T suffix); its
+    default, 1 GiB, where unset or unreadable."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = text.strip().upper().removesuffix("B")
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "")
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        return 1 << 30
+
+
 def _import_nvshmem():
     try:
         import nvshmem.core
@@ -193,6 +206,9 @@ class NvshmemHeap(_ProcessGroupHeap):
     def __init__(self, group=None):
         nvshmem_core, Device = _import_nvshmem()
         super().__init__(group)
+        if self.placement.shared:  # every PE on a GPU has a heap of its own there
+            wanted = _size_bytes(os.environ.get("NVSHMEM_SYMMETRIC_SIZE", ""))
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(placement.heap_bytes(wanted, self.placement))
         self._nvshmem = nvshmem_core
         uid = [nvshmem_core.get_unique_id() if self.rank == 0 else None]
         dist.broadcast_object_list(uid, src=dist.get_global_rank(self.group, 0), group=self.group)
@@ -224,6 +240,10 @@ class TorchSymmHeap(_ProcessGroupHeap):
         from torch.distributed import _symmetric_memory as symm_mem
 
         super().__init__(group)
+        if self.placement.shared:
+            raise RuntimeError(f"{self.placement.describe()}: torch's symmetric memory refuses ranks that share a GPU "
+                               "(allocations from overlapping devices); install nvshmem4py-cu13, whose NVSHMEM runs "
+                               "several ranks on one GPU, or launch one rank a GPU")
         self._symm_mem = symm_mem
         symm_mem.set_backend("CUDA")  # a no-op when CUDA is already the backend
         symm_mem.enable_symm_mem_for_group(self.group.group_name)  # gives rendezvous the group's store; idempotent
@@ -250,6 +270,9 @@ def open_heap(group=None) -> SymmetricHeap:
     try:
         import nvshmem.core  # noqa: F401  (only probing whether nvshmem4py is installed)
     except ImportError:
+        if placement.shared():
+            raise RuntimeError(f"{placement.current().describe()}: only NVSHMEM runs several ranks on one GPU "
+                               "(pip install nvshmem4py-cu13); torch's symmetric memory refuses them") from None
         if dist.is_initialized() and declared(dist.get_world_size()).nodes > 1:
             raise RuntimeError(f"{declared(dist.get_world_size())} ranks: across nodes tiledsl needs NVSHMEM "
                                "(pip install nvshmem4py-cu13)") from None

@@ -146,11 +146,30 @@ def _init_nvshmem_module(*, key, fn, compile, **_):
         from nvshmem import bindings
     except ImportError as error:
         raise RuntimeError(f"kernels calling NVSHMEM need the `nvshmem4py-cu13` package: {error}") from error
+    if not references_nvshmem(_ptx(kernel)):
+        # linked with NVSHMEM but calling none of it: a constant argument made every call dead (Triton makes
+        # an int equal to 1 a constant, so barrier_nodes on one node only synchronises its GPUs), and the
+        # linker took no NVSHMEM state along; nvshmemx_cumodule_init would fail on it (status 7)
+        _initialised_kernels.add(kernel)
+        return
     kernel._init_handles()  # Triton loads the module lazily at first launch; NVSHMEM needs it loaded now
     status = bindings.cumodule_init(int(kernel.module))
     if status:
         raise RuntimeError(f"nvshmemx_cumodule_init failed with status {status} for kernel {fn.name}")
     _initialised_kernels.add(kernel)
+
+
+def _ptx(kernel) -> str | None:
+    try:
+        return kernel.asm["ptx"]  # Triton's asm dict may load its entries on access: not .get
+    except Exception:  # noqa: BLE001 - unknown: references_nvshmem then assumes NVSHMEM is there
+        return None
+
+
+def references_nvshmem(ptx: str | None) -> bool:
+    """Whether a module holds NVSHMEM's device state (what nvshmemx_cumodule_init fills in); True when
+    its PTX is unknown, to try."""
+    return ptx is None or "nvshmemi_device_state_d" in ptx
 
 
 def init_module_hook() -> None:

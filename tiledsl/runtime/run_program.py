@@ -310,8 +310,9 @@ def main_run(args) -> int:
     else:
         verdicts = run_emulated(args.file, args.world or EMULATED_WORLD, sizes, args.seed,
                                 nodes=getattr(args, "nodes", None))
-    for verdict in verdicts:
-        print(f"{args.file}: {verdict.line()}")
+    if not gpu or torch.distributed.get_rank() == 0:  # under torchrun every rank has the same verdicts
+        for verdict in verdicts:
+            print(f"{args.file}: {verdict.line()}", flush=True)
     return 0 if all(v.ok for v in verdicts) else 1
 
 

@@ -216,16 +216,14 @@ def trace_gpu(source: str, sizes: dict, calls: int = 3) -> list[Event] | None:
     import torch.distributed as dist
 
     import tiledsl
-    from tiledsl.runtime.heap import disable_multicast, open_heap
+    from tiledsl.runtime import placement
+    from tiledsl.runtime.heap import open_heap
     from tiledsl.runtime.reference import Reference
     from tiledsl.runtime.run_program import make_inputs, program_schedule
     from tiledsl.schedule.meaning import default_sizes
     from tiledsl.topology import declared
-    disable_multicast()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl")
+    placement.start()  # ranks sharing a GPU: gloo, and the trace shows their kernels taking turns
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(rank % torch.cuda.device_count())
     schedule = program_schedule(source)
     nodes = declared(world).nodes if schedule.spans_nodes else 1  # a one-node program is refused on more
     sizes = {**default_sizes(schedule, world, nodes=nodes), **sizes}
