@@ -78,11 +78,11 @@ pack() {
 # check (6 at world 2, 4 at world 4, 3 at world 8: a first call, then the rest back to back); the checks
 # run spread over their programs (one of each before a second of any), so a budget cut leaves no program
 # unchecked; the checks of NCCL's and torch's symmetric memory print SKIP by name.
-# With the programs stage in the same call the two share the time: 300 s here, 200 s there by default.
+# With the programs stage in the same call the two share the time: 280 s here, 190 s there by default.
 both=""; case " $stages " in *" checks "*) case " $stages " in *" programs "*) both=1 ;; esac ;; esac
 shared_checks() {
   local began=$SECONDS w calls budget suite
-  deadline=$((SECONDS + ${SHARED_CHECKS_S:-$([ -n "$both" ] && echo 300 || echo 480)}))
+  deadline=$((SECONDS + ${SHARED_CHECKS_S:-$([ -n "$both" ] && echo 280 || echo 480)}))
   for w in ${SHARED_WORLDS:-2 4 8}; do
     if [ -n "$both" ]; then
       case $w in 2) calls=4 budget=5 ;; 4) calls=3 budget=6 ;; *) calls=3 budget=8 ;; esac
@@ -104,19 +104,16 @@ shared_checks() {
   echo "shared checks: $((SECONDS - began)) s"
 }
 # Every program of programs/ through `torchrun -m tiledsl run` at each of PROGRAM_WORLDS (default 2 4 8),
-# one torchrun a world over all of them (bench/programs_table.py), within PROGRAMS_S seconds in all
-# (default 480); then the table of them, also in $OUT/programs_table.md.
+# one torchrun a world over all of them (bench/programs_table.py), within PROGRAMS_S seconds
+# (default 480, 190 beside the checks), the worlds side by side; then the table of them, also in
+# $OUT/programs_table.md.
 programs_stage() {
-  local w began=$SECONDS
-  local total=${PROGRAMS_S:-$([ -n "$both" ] && echo 200 || echo 480)} worlds_here=${PROGRAM_WORLDS:-2 4 8}
-  local each=$((total / $(echo "$worlds_here" | wc -w)))
-  deadline=$((SECONDS + total + 40))
-  for w in $worlds_here; do
-    run "programs_world$w" $((each + 30)) python3 bench/programs_table.py run --world "$w" --quiet-s 45 \
-      --limit-s "$each" --out "$OUT"
-  done
-  deadline=""
+  local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 190 || echo 480)}
+  # the worlds side by side, each one torchrun over every program (restarted past one that dies or hangs)
+  run programs $((total + 30)) python3 bench/programs_table.py run --world ${PROGRAM_WORLDS:-2 4 8} --quiet-s 60 \
+    --limit-s "$total" --out "$OUT"
   python3 bench/programs_table.py table "$OUT" | tee "$OUT/programs_table.txt"
+  pack
   echo "programs: $((SECONDS - began)) s"
 }
 for stage in $stages; do

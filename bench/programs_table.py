@@ -1,10 +1,11 @@
 """Every program of programs/ run for real at a world size, pass or fail, and the table of them:
 
-    python3 bench/programs_table.py run --world 4 [--quiet-s 90] [--out DIR] [FILE...]
+    python3 bench/programs_table.py run --world 2 4 8 [--quiet-s 90] [--limit-s S] [--out DIR] [FILE...]
     python3 bench/programs_table.py table DIR        # the table of every world run into DIR
 
-`run` starts `torchrun --nproc-per-node=W -m tiledsl run FILE...` once over all the programs (one
-process a rank for all of them: the start-up is paid once) and reads its verdict lines as they come. A
+`run` starts `torchrun --nproc-per-node=W -m tiledsl run FILE...` once over all the programs for each
+world W, the worlds side by side (one process a rank for all of them: the start-up is paid once), and
+reads the verdict lines as they come. A
 rank that dies or hangs (no line for --quiet-s seconds: the process group is stopped) costs that
 program its verdict only: the programs after it run again in a fresh torchrun. One line a program
 (`PASS`/`FAIL`), then DIR/programs_worldW.json. On a machine with fewer GPUs than W the ranks share
@@ -74,7 +75,9 @@ def run_world(world: int, programs: list[str], quiet_s: float, log, limit_s: flo
     ends = time.monotonic() + limit_s
     out_of_time = threading.Event()
     while remaining and time.monotonic() < ends:
-        command = ["torchrun", f"--nproc-per-node={world}", "-m", "tiledsl", "run", *remaining]
+        # a port of its own: the worlds run side by side
+        command = ["torchrun", f"--nproc-per-node={world}", f"--master-port={29400 + world}", "-m", "tiledsl", "run",
+                   *remaining]
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    start_new_session=True)
         lines, last = [], [time.monotonic()]
@@ -155,7 +158,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run")
-    run.add_argument("--world", type=int, required=True)
+    run.add_argument("--world", type=int, nargs="+", required=True, help="world sizes, run side by side")
     run.add_argument("--quiet-s", type=float, default=90.0, help="a program that prints nothing this long is hung")
     run.add_argument("--limit-s", type=float, default=float("inf"), help="stop after this long; the rest: not run")
     run.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
@@ -174,17 +177,30 @@ def main() -> int:
     import torch
     gpus = torch.cuda.device_count()
     began = time.monotonic()
-    with open(out / f"programs_world{args.world}.out", "w") as log:
-        results = run_world(args.world, programs, args.quiet_s, log, args.limit_s)
-    for name in programs:
-        result = results.setdefault(name, {"ok": False, "outputs": None, "errors": [
-            f"not run: the time limit of {args.limit_s:g} s came first"]})
-        detail = "; ".join([f"{t}: {v}" for t, v in (result["outputs"] or {}).items()] + result["errors"])
-        print(f"{'PASS' if result['ok'] else 'FAIL'} {Path(name).stem} world {args.world} -- {detail[:400]}", flush=True)
-    (out / f"programs_world{args.world}.json").write_text(json.dumps(
-        {"world": args.world, "gpus": gpus, "commit": _commit(), "seconds": round(time.monotonic() - began, 1),
-         "results": results}, indent=1))
-    return 0 if all(results.get(p, {}).get("ok") for p in programs) else 1
+    every: dict[int, dict] = {}
+
+    def one(world: int) -> None:
+        with open(out / f"programs_world{world}.out", "w") as log:
+            every[world] = run_world(world, programs, args.quiet_s, log, args.limit_s)
+    # side by side: most of a program's run is the host's (start-up, compiling, the reference on the CPU)
+    threads = [threading.Thread(target=one, args=(world,)) for world in args.world]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ok = True
+    for world in args.world:
+        results = every.get(world, {})
+        for name in programs:
+            result = results.setdefault(name, {"ok": False, "outputs": None, "errors": [
+                f"not run: the time limit of {args.limit_s:g} s came first"]})
+            detail = "; ".join([f"{t}: {v}" for t, v in (result["outputs"] or {}).items()] + result["errors"])
+            print(f"{'PASS' if result['ok'] else 'FAIL'} {Path(name).stem} world {world} -- {detail[:400]}", flush=True)
+            ok = ok and result["ok"]
+        (out / f"programs_world{world}.json").write_text(json.dumps(
+            {"world": world, "gpus": gpus, "commit": _commit(), "seconds": round(time.monotonic() - began, 1),
+             "results": results}, indent=1))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
