@@ -1,0 +1,424 @@
+"""Where a decode step's microseconds go on one H200 (issue 27), in one torchrun process at world 1:
+
+  1. floor: what a call costs with nothing in it (a CUDA graph of one tiny kernel, of three, a torch
+     op on 8 KB) and HBM's pace on a 14.7 MB copy;
+  2. moe: dispatch (bf16, fp8) and combine at DeepSeek-V3's routing (hidden 7168, 256 experts, top 8),
+     128 and 4096 tokens: each program and its sms(rest) variant (bench/experiments/*_rest.tds) against
+     all_to_all_single, every output checked; then one traced call of each library program (every
+     instance's start, end of waits and end on the GPU clock), summarised per family and written as
+     Perfetto JSON; and the kernels of one untraced call (torch.profiler);
+  3. products: M = 1, 8, 32, 64, 128 at N = K = 8192 and the LLaMA-3-8B / 70B decode projections at TP 2
+     and 8: torch.matmul (cuBLAS), the library's product tile (gemm.tds), gemm_ar at world 1 (its tile +
+     its reduction, which at world 1 is a copy) with its default and other blocks, and the Triton skinny
+     tiles of bench/experiments/skinny_products.py; gemm_ar's tiles traced at M = 1 and 128;
+  4. call: an 8 KB all-reduce (tiledsl one-shot, two-shot, out of place from the heap), an 8 KB copy
+     program, torch symm_mem two-shot and NCCL: GPU time per call back to back, host time per call,
+     the program's own CUDA graph replayed with no Python in between, and each kernel's GPU time.
+
+A short table is printed last. PROBE_ONLY=moe,products,... picks sections; PROBE_BUDGET_S (default 230)
+bounds the whole run: a section that would start past it is skipped by name, so the table still prints.
+
+    torchrun --nproc-per-node=1 bench/experiments/latency_probe.py
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import moe_baselines as base  # noqa: E402
+import skinny_products as skinny  # noqa: E402
+from common import NAN, out_dir, time_interleaved_ms, time_loop_ms  # noqa: E402
+from harness import mismatch, start  # noqa: E402
+
+import tiledsl  # noqa: E402
+from tiledsl.runtime import timeline  # noqa: E402
+
+PROGRAMS, EXPERIMENTS = ROOT / "programs", ROOT / "bench" / "experiments"
+BF16 = torch.bfloat16
+H, NE, TOPK = 7168, 256, 8
+GEMM_M = (1, 8, 32, 64, 128)
+# (N, K) of each decode projection: weights [K, N], activations [M, K]
+LLAMA = {"8B": dict(hidden=4096, q=32, kv=8, inter=14336), "70B": dict(hidden=8192, q=64, kv=8, inter=28672)}
+
+
+def decode_shapes():
+    shapes = {"square 8192": (8192, 8192)}
+    for model, m in LLAMA.items():
+        h, qkv = m["hidden"], (m["q"] + 2 * m["kv"]) * 128
+        for tp in (2, 8):
+            shapes[f"{model} QKV tp{tp}"] = (qkv // tp, h)
+            shapes[f"{model} O tp{tp}"] = (h, h // tp)
+            shapes[f"{model} up/gate tp{tp}"] = (2 * m["inter"] // tp, h)
+            shapes[f"{model} down tp{tp}"] = (h, m["inter"] // tp)
+    return shapes
+
+
+TABLE: list[str] = []  # the short table printed last
+BEGAN = time.monotonic()
+BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "230"))
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def over_budget(what: str) -> bool:
+    if time.monotonic() - BEGAN > BUDGET_S:
+        say(f"SKIPPED {what}: past PROBE_BUDGET_S={BUDGET_S:.0f} s")
+        TABLE.append(f"{what:<44} skipped (budget)")
+        return True
+    return False
+
+
+def ok(name, got, want, tol=2e-2) -> bool:
+    reason = mismatch(got, want, tol)
+    if reason:
+        say(f"FAIL {name} -- {reason}")
+    return reason is None
+
+
+def guarded(name, fn, default=NAN):
+    """A variant that fails to build or run is one line, not the end of the probe."""
+    try:
+        return fn()
+    except Exception as error:  # noqa: BLE001 - reported by name, the probe goes on
+        say(f"ERROR {name}: {type(error).__name__}: {str(error)[:300]}")
+        return default
+
+
+def prepared_graph(program):
+    """The CUDA graph of a program's one prepared call (None before its second call)."""
+    calls = list(program._calls.values())
+    return calls[-1].graph if calls else None
+
+
+def kernels_of(fn, calls: int = 5) -> str:
+    """Each GPU kernel and copy of `calls` calls of fn (torch.profiler): name, count a call, us each."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count / calls, e.device_time_total / e.count) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1] * r[2])
+    return "; ".join(f"{k[:40]} x{n:g} {us:.1f} us" for k, n, us in rows[:6]) or "(no kernels seen)"
+
+
+# ---- 1. floor ---------------------------------------------------------------------------------------
+
+def floor_section():
+    x = torch.randn(4096, device="cuda", dtype=BF16)
+    y = torch.empty_like(x)
+    one = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(one):
+        y.copy_(x)
+    three = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(three):
+        y.copy_(x)
+        y.add_(1)
+        y.copy_(x)
+    big = torch.empty(1024 * H, device="cuda", dtype=BF16)
+    big_out = torch.empty_like(big)
+    t = time_interleaved_ms({"graph of one 8 KB copy kernel": one.replay,
+                             "graph of three dependent kernels": three.replay, "torch y.copy_(x) 8 KB": lambda: y.copy_(x),
+                             "torch copy 14.7 MB": lambda: big_out.copy_(big)}, windows=5)
+    for name, ms in t.items():
+        extra = f" ({2 * big.numel() * 2 / ms / 1e9:.0f} GB/s read+write)" if "14.7" in name else ""
+        say(f"floor {name:<34} {ms * 1000:7.2f} us a call back to back{extra}")
+    TABLE.append(f"{'floor: graph of one kernel / of three':<44} {t['graph of one 8 KB copy kernel'] * 1000:6.1f} / "
+                 f"{t['graph of three dependent kernels'] * 1000:.1f} us; 14.7 MB copy {t['torch copy 14.7 MB'] * 1000:.1f} us")
+
+
+# ---- 2. MoE dispatch and combine ---------------------------------------------------------------------
+
+def family_lines(events) -> list[str]:
+    """Per family: instances, programs, first start, last end, median and max busy, total waiting."""
+    lines = []
+    for family in dict.fromkeys(e.family for e in events):
+        mine = [e for e in events if e.family == family]
+        busy = sorted(e.end_us - e.waited_us for e in mine)
+        waiting = sum(e.waited_us - e.start_us for e in mine)
+        programs = len({e.program for e in mine})
+        per_program = {}
+        for e in mine:
+            per_program[e.program] = per_program.get(e.program, 0) + 1
+        lines.append(f"  {family:<6} {len(mine):5d} inst on {programs:3d} programs (<= {max(per_program.values())} each); "
+                     f"{min(e.start_us for e in mine):8.1f} -> {max(e.end_us for e in mine):8.1f} us; busy median "
+                     f"{busy[len(busy) // 2]:6.2f} max {busy[-1]:7.2f} us; waiting {waiting / programs:7.1f} us a program")
+    return lines
+
+
+def trace_one(name, program, T, call_args):
+    """One traced program: three calls, the last one's events summarised and written as JSON."""
+    for _ in range(3):
+        program(**call_args)
+    found = timeline.events(program)
+    span = max(e.end_us for e in found) - min(e.start_us for e in found)
+    say(f"trace {name} T={T}: {len(found)} instances, span {span:.1f} us (from the kernel's entry)")
+    for line in family_lines(found):
+        say(line)
+    target = out_dir() / f"trace_{name}_T{T}.json"
+    timeline.chrome_trace(found, target)
+    with open(target, "rb") as raw, gzip.open(f"{target}.gz", "wb") as packed:
+        packed.write(raw.read())
+    target.unlink()
+    return span
+
+
+MOE_PROGRAMS = {"dispatch": PROGRAMS / "moe_dispatch.tds", "combine": PROGRAMS / "moe_combine.tds",
+                "fp8": PROGRAMS / "moe_dispatch_fp8.tds", "dispatch_rest": EXPERIMENTS / "moe_dispatch_rest.tds",
+                "combine_rest": EXPERIMENTS / "moe_combine_rest.tds",
+                "fp8_rest": EXPERIMENTS / "moe_dispatch_fp8_rest.tds"}
+PAIRS = (("dispatch", "combine"), ("dispatch_rest", "combine_rest"), ("fp8", "combine"), ("fp8_rest", "combine"))
+
+
+def moe_case(heap, T, programs, traced):
+    world = 1
+    E = NE // world
+    X = torch.randn(T, H, device="cuda", dtype=BF16)
+    ids = torch.rand(T, NE, device="cuda").topk(TOPK, dim=1).indices.to(torch.int32)
+    w = torch.softmax(torch.randn(T, TOPK, device="cuda"), dim=1)
+    want = (w[..., None] * X[:, None, :].float()).sum(1)
+    most = int(torch.bincount(ids.flatten().long(), minlength=NE).max())
+    C = max(64, math.ceil(most / 64) * 64)
+    recv = torch.empty(E, world, C, H, device="cuda", dtype=BF16)
+    count = torch.empty(E, world, device="cuda", dtype=torch.int32)
+    slot = torch.empty(T, TOPK, device="cuda", dtype=torch.int32)
+    out = torch.full((T, H), NAN, device="cuda", dtype=BF16)
+    recv8 = torch.empty(E, world, C, H, device="cuda", dtype=torch.float8_e4m3fn)
+    rscale = torch.empty(E, world, C, H // 128, device="cuda")
+    Y8 = torch.empty(E, world, C, H, device="cuda", dtype=BF16)
+    moved = T * TOPK * H * 2
+    say(f"moe T={T}: C={C}, {moved / 1e6:.1f} MB of rows each way (read once and written once at 4 TB/s: "
+        f"{2 * moved / 4e12 * 1e6:.1f} us a direction)")
+    args = {}
+    for key in programs:
+        if key.startswith("fp8"):
+            args[key] = dict(X=X, ids=ids, recv=recv8, rscale=rscale, count=count, slot=slot)
+        elif key.startswith("dispatch"):
+            args[key] = dict(X=X, ids=ids, recv=recv, count=count, slot=slot)
+        else:
+            args[key] = dict(Y=recv, ids=ids, w=w, out=out)
+    calls = {key: (lambda check=False, key=key: programs[key](**args[key], check=check)) for key in programs}
+    good = set()
+    for d, c in PAIRS:  # right first: dispatch, the identity expert (fp8: dequantised once), combine
+        if d not in calls or c not in calls:
+            continue
+
+        def both(d=d, c=c):
+            out.fill_(NAN)
+            calls[d](check=True)
+            if d.startswith("fp8"):
+                Y8.copy_((recv8.float().unflatten(-1, (H // 128, 128)) * rscale.unsqueeze(-1)).flatten(-2))
+                programs[c](Y=Y8, ids=ids, w=w, out=out, check=True)
+            else:
+                calls[c](check=True)
+            return ok(f"moe {d} + {c} T={T}", out, want, 7e-2 if d.startswith("fp8") else 2e-2)
+        if guarded(f"run {d} + {c} T={T}", lambda both=both: both() and both(), False):
+            good.update((d, c))
+    timed = {key: calls[key] for key in calls if key in good}
+    result = {}
+
+    def a2a():
+        result["o"] = base.dispatch_combine_a2a(X, ids, w, NE, world)
+    a2a()
+    if ok(f"all_to_all_single T={T}", result["o"], want):
+        timed["all_to_all_single (both)"] = a2a
+    times = time_interleaved_ms(timed, windows=7)
+    for key, ms in times.items():
+        say(f"moe T={T} {key:<26} {ms * 1000:9.1f} us a call")
+    us = {k: times.get(k, NAN) * 1000 for k in (*MOE_PROGRAMS, "all_to_all_single (both)")}
+    TABLE.append(f"{f'moe T={T} dispatch+combine (rest variant)':<44} {us['dispatch'] + us['combine']:7.1f} us "
+                 f"({us['dispatch_rest'] + us['combine_rest']:.1f}); fp8 dispatch {us['fp8']:.1f} "
+                 f"({us['fp8_rest']:.1f}); a2a {us['all_to_all_single (both)']:.1f}")
+    # where the time goes: the kernels of one call, then every instance of a traced call
+    for key in ("dispatch", "combine", "fp8"):
+        if key in timed:
+            say(f"moe T={T} {key} kernels: {guarded(f'profile {key}', lambda key=key: kernels_of(timed[key]), '?')}")
+    for key, program in traced.items():
+        if over_budget(f"moe T={T} trace {key}"):
+            return
+        guarded(f"trace {key} T={T}", lambda key=key, program=program: trace_one(key, program, T, args[key]))
+
+
+def moe_section(heap):
+    programs = {k: guarded(f"compile {k}", lambda p=p: tiledsl.compile(p, heap), None) for k, p in MOE_PROGRAMS.items()}
+    programs = {k: p for k, p in programs.items() if p is not None}
+    traced = {k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k], heap, trace=True), None)
+              for k in ("dispatch", "combine", "fp8")}
+    traced = {k: p for k, p in traced.items() if p is not None}
+    for T in (128, 4096):
+        if over_budget(f"moe T={T}"):
+            return
+        moe_case(heap, T, programs, traced)
+
+
+# ---- 3. skinny products ------------------------------------------------------------------------------
+
+def products_section(heap):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gemm = guarded("compile gemm.tds", lambda: tiledsl.compile(PROGRAMS / "gemm.tds", heap), None)
+    gemm_ar = {"gemm_ar": {}, "gemm_ar_BN64": {"BN": 64}, "gemm_ar_BN64_6st": {"BN": 64, "num_stages": 6}}
+    gemm_ar = {k: guarded(f"compile {k}", lambda o=o: tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, **o), None)
+               for k, o in gemm_ar.items()}
+    worst = {}
+    for shape_name, (N, K) in decode_shapes().items():
+        for M in GEMM_M:
+            if over_budget(f"products {shape_name} M={M}"):
+                return
+            A = torch.randn(M, K, device="cuda", dtype=BF16)
+            B = torch.randn(K, N, device="cuda", dtype=BF16) * K ** -0.5
+            C = torch.full((M, N), NAN, device="cuda", dtype=BF16)
+            want = A.float() @ B.float()
+            fns = {"cublas": lambda: torch.matmul(A, B, out=C)}
+            if gemm is not None:
+                fns["gemm.tds"] = lambda: gemm(A, B, C, check=False)
+            for key, program in gemm_ar.items():
+                if program is not None:
+                    fns[key] = lambda program=program: program(A, B, C, check=False)
+            for config in skinny.configs(M, N, K, sms):
+                f = skinny.Skinny(M, N, K, config)
+                fns[f"triton {config}"] = lambda f=f: f(A, B, C)
+            checked = {}
+            for key, fn in fns.items():
+                C.fill_(NAN)
+                if guarded(f"{key} {shape_name} M={M}", lambda fn=fn: (fn(), fn(), fn(), torch.cuda.synchronize())
+                           and ok(f"{key} {shape_name} M={M}", C, want), False):
+                    checked[key] = fn
+            times = time_interleaved_ms(checked, windows=5, calls=20, warmup=3)
+            cublas = times["cublas"]
+            best_triton = min(((ms, k) for k, ms in times.items() if k.startswith("triton")), default=(NAN, None))
+            gb = 2 * K * N / cublas / 1e6
+            cells = ", ".join(f"{k} {ms * 1000:.1f}" for k, ms in times.items() if not k.startswith("triton"))
+            say(f"product {shape_name:<16} M={M:<3} N={N:<5} K={K:<5}: {cells} us; cuBLAS {gb:.0f} GB/s; "
+                f"best triton {best_triton[0] * 1000:.1f} us ({best_triton[1]})")
+            for key, ms in times.items():
+                group = "triton best" if key.startswith("triton") else key
+                ratio = ms / cublas
+                if key.startswith("triton"):
+                    ratio = best_triton[0] / cublas
+                worst[group] = max(worst.get(group, 0), ratio)
+            del A, B, C, want
+    TABLE.append(f"{'products, worst time / cuBLAS over 85 points':<44} " +
+                 ", ".join(f"{k} {v:.2f}x" for k, v in worst.items() if k != "cublas"))
+
+
+def gemm_ar_traces(heap):
+    program = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, trace=True)
+    for M in (1, 128):
+        A = torch.randn(M, 8192, device="cuda", dtype=BF16)
+        B = torch.randn(8192, 8192, device="cuda", dtype=BF16)
+        C = torch.empty(M, 8192, device="cuda", dtype=BF16)
+        for _ in range(3):
+            program(A, B, C)
+        found = timeline.events(program)
+        mm = [e for e in found if e.family == "mm"]
+        busy = statistics.median(e.end_us - e.waited_us for e in mm)
+        strip = 8192 * 128 * 2  # bytes of B one tile streams (BN = 128)
+        say(f"trace gemm_ar M={M}: {len(mm)} mm tiles, median {busy:.1f} us each ({strip / busy / 1e3:.1f} GB/s a "
+            f"program); span {max(e.end_us for e in found) - min(e.start_us for e in found):.1f} us")
+        for line in family_lines(found):
+            say(line)
+
+
+# ---- 4. the call itself: an 8 KB all-reduce ---------------------------------------------------------
+
+def host_us(fn, calls=200) -> float:
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    spent = (time.perf_counter() - began) / calls * 1e6
+    torch.cuda.synchronize()
+    return spent
+
+
+def call_section(heap):
+    group = dist.group.WORLD.group_name
+    fresh = torch.randn(4096, device="cuda", dtype=BF16) * 2.0 ** -100
+    x = fresh.clone()
+    y = torch.empty_like(x)
+    one = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, num_warps=16)
+    two = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap)
+    out_of_place = tiledsl.compile(PROGRAMS / "allreduce_out.tds", heap, num_warps=16)
+    copy = tiledsl.compile(PROGRAMS / "copy.tds", heap)
+    hx = tiledsl.empty(4096, BF16, heap=heap)
+    hx.copy_(fresh)
+    fns = {"tiledsl one-shot (X staged)": lambda: one(x, check=False),
+           "tiledsl two-shot (X staged)": lambda: two(x, check=False),
+           "tiledsl out of place, X on heap": lambda: out_of_place(hx, y, check=False),
+           "tiledsl copy.tds 8 KB": lambda: copy(fresh, y, check=False)}
+    for key, fn in list(fns.items()):  # right first (world 1: the sum is the input), then the graph exists
+        x.copy_(fresh)
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        if not ok(key, x if "staged" in key else y, fresh.float()):  # world 1: the sum is X itself
+            del fns[key]
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+        symm = symm_mem.empty(4096, dtype=BF16, device="cuda")
+        symm_mem.rendezvous(symm, group)
+        symm.copy_(fresh)
+        fns["torch symm_mem two-shot"] = lambda: torch.ops.symm_mem.two_shot_all_reduce_(symm, "sum", group)
+        fns["torch symm_mem one-shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(symm, "sum", group)
+    except Exception as error:  # noqa: BLE001
+        say(f"ERROR symm_mem: {type(error).__name__}: {str(error)[:200]}")
+    fns["nccl all_reduce"] = lambda: dist.all_reduce(x)
+    programs = {"tiledsl one-shot (X staged)": one, "tiledsl two-shot (X staged)": two,
+                "tiledsl out of place, X on heap": out_of_place, "tiledsl copy.tds 8 KB": copy}
+    graphs = {f"{k}: graph only": g.replay for k, p in programs.items() if k in fns and (g := prepared_graph(p))}
+    loop = time_interleaved_ms({**fns, **graphs}, windows=9)
+    for key, ms in loop.items():
+        host = host_us(fns[key]) if key in fns else host_us(graphs[key])
+        kernels = guarded(f"profile {key}", lambda key=key: kernels_of(fns.get(key) or graphs[key]), "?")
+        say(f"call {key:<44} {ms * 1000:6.2f} us back to back; host {host:6.2f} us a call; {kernels}")
+    symm2 = loop.get("torch symm_mem two-shot", NAN)
+    TABLE.append(f"{'8 KB all-reduce one-shot / heap / symm 2-shot':<44} "
+                 f"{loop.get('tiledsl one-shot (X staged)', NAN) * 1000:.1f} / "
+                 f"{loop.get('tiledsl out of place, X on heap', NAN) * 1000:.1f} / {symm2 * 1000:.1f} us")
+    TABLE.append(f"{'8 KB copy.tds call / its graph alone':<44} {loop.get('tiledsl copy.tds 8 KB', NAN) * 1000:.1f} / "
+                 f"{loop.get('tiledsl copy.tds 8 KB: graph only', NAN) * 1000:.1f} us")
+
+
+def main() -> int:
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(24 << 30))
+    _, world, heap = start(27)
+    if world != 1:
+        raise SystemExit("latency_probe.py is made for world 1 (one GPU): torchrun --nproc-per-node=1")
+    only = [s for s in os.environ.get("PROBE_ONLY", "").split(",") if s]
+    sections = {"floor": lambda: floor_section(), "moe": lambda: moe_section(heap),
+                "call": lambda: call_section(heap), "gemm_ar_trace": lambda: gemm_ar_traces(heap),
+                "products": lambda: products_section(heap)}
+    for name, run in sections.items():
+        if only and name not in only:
+            continue
+        if over_budget(name):
+            continue
+        began = time.monotonic()
+        guarded(f"section {name}", run)
+        say(f"-- section {name}: {time.monotonic() - began:.0f} s")
+    say("== latency probe (world 1, one H200): times per call, back to back")
+    for line in TABLE:
+        say(line)
+    heap.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
