@@ -111,7 +111,8 @@ programs_stage() {
   local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 190 || echo 480)}
   # one world after another (never two NVSHMEM jobs at once on a shared GPU: bench/programs_table.py says
   # why), each one torchrun over every program, restarted past one that dies or hangs
-  run programs $((total + 30)) python3 bench/programs_table.py run --world ${PROGRAM_WORLDS:-2 4 8} --quiet-s 60 \
+  run programs $((total + 30)) python3 bench/programs_table.py run --world ${PROGRAM_WORLDS:-2 4 8} \
+    --quiet-s "$([ -n "$both" ] && echo 35 || echo 60)" \
     --limit-s "$total" --out "$OUT"
   python3 bench/programs_table.py table "$OUT" | tee "$OUT/programs_table.txt"
   pack
