@@ -213,3 +213,27 @@ def test_barrier_nodes_on_one_node_holds_no_nvshmem_state_and_is_not_initialised
         seen[nodes] = nvshmem_device.references_nvshmem(nvshmem_device._ptx(kernel))
     assert seen == {1: False, 2: True}
     assert nvshmem_device.references_nvshmem(None)  # PTX unknown: initialise, as before
+
+
+def test_a_group_of_nccl_alone_on_a_shared_gpu_is_refused_by_name_and_gloo_is_told_once(monkeypatch, capsys):
+    monkeypatch.setattr(placement, "current", lambda environ=None: decide(0, 4, 1, {}))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(placement, "_told", False)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    with pytest.raises(RuntimeError, match="4 ranks share 1 GPU.*NCCL refuses two ranks on one GPU.*gloo"):
+        placement.settle()
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    for _ in range(3):
+        assert placement.settle().device == 0
+    err = capsys.readouterr().err
+    assert err.count("4 ranks share 1 GPU") == 1 and "no time means anything" in err
+
+
+def test_a_heap_on_a_shared_gpu_refuses_torch_symmetric_memory_by_name(monkeypatch):
+    from tiledsl.runtime import heap
+    monkeypatch.setattr(placement, "shared", lambda: True)
+    monkeypatch.setattr(placement, "current", lambda environ=None: decide(1, 2, 1, {}))
+    monkeypatch.setitem(sys.modules, "nvshmem", None)   # nvshmem4py missing
+    monkeypatch.setitem(sys.modules, "nvshmem.core", None)
+    with pytest.raises(RuntimeError, match="2 ranks share 1 GPU.*only NVSHMEM runs several ranks on one GPU"):
+        heap.open_heap()
