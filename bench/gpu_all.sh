@@ -105,12 +105,14 @@ shared_checks() {
 }
 # Every program of programs/ through `torchrun -m tiledsl run` at each of PROGRAM_WORLDS (default 2 4 8),
 # one torchrun a world over all of them (bench/programs_table.py), within PROGRAMS_S seconds
-# (default 480, 190 beside the checks), the worlds side by side; then the table of them, also in
+# (default 480, 190 beside the checks), an equal share a world; then the table of them, also in
 # $OUT/programs_table.md.
 programs_stage() {
   local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 190 || echo 480)}
-  # the worlds side by side, each one torchrun over every program (restarted past one that dies or hangs)
-  run programs $((total + 30)) python3 bench/programs_table.py run --world ${PROGRAM_WORLDS:-2 4 8} --quiet-s 60 \
+  # one world after another (never two NVSHMEM jobs at once on a shared GPU: bench/programs_table.py says
+  # why), each one torchrun over every program, restarted past one that dies or hangs
+  run programs $((total + 30)) python3 bench/programs_table.py run --world ${PROGRAM_WORLDS:-2 4 8} \
+    --quiet-s "$([ -n "$both" ] && echo 35 || echo 60)" \
     --limit-s "$total" --out "$OUT"
   python3 bench/programs_table.py table "$OUT" | tee "$OUT/programs_table.txt"
   pack

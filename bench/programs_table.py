@@ -4,7 +4,7 @@
     python3 bench/programs_table.py table DIR        # the table of every world run into DIR
 
 `run` starts `torchrun --nproc-per-node=W -m tiledsl run FILE...` once over all the programs for each
-world W, the worlds side by side (one process a rank for all of them: the start-up is paid once), and
+world W, one world after another (one process a rank for all of them: the start-up is paid once), and
 reads the verdict lines as they come. A
 rank that dies or hangs (no line for --quiet-s seconds: the process group is stopped) costs that
 program its verdict only: the programs after it run again in a fresh torchrun. One line a program
@@ -75,9 +75,7 @@ def run_world(world: int, programs: list[str], quiet_s: float, log, limit_s: flo
     ends = time.monotonic() + limit_s
     out_of_time = threading.Event()
     while remaining and time.monotonic() < ends:
-        # a port of its own: the worlds run side by side
-        command = ["torchrun", f"--nproc-per-node={world}", f"--master-port={29400 + world}", "-m", "tiledsl", "run",
-                   *remaining]
+        command = ["torchrun", f"--nproc-per-node={world}", "-m", "tiledsl", "run", *remaining]
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    start_new_session=True)
         lines, last = [], [time.monotonic()]
@@ -158,9 +156,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run")
-    run.add_argument("--world", type=int, nargs="+", required=True, help="world sizes, run side by side")
+    run.add_argument("--world", type=int, nargs="+", required=True, help="world sizes, one after another")
     run.add_argument("--quiet-s", type=float, default=90.0, help="a program that prints nothing this long is hung")
-    run.add_argument("--limit-s", type=float, default=float("inf"), help="stop after this long; the rest: not run")
+    run.add_argument("--limit-s", type=float, default=float("inf"),
+                     help="all worlds within this long (an equal share each); the programs left: not run")
     run.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
     run.add_argument("files", nargs="*")
     show = commands.add_parser("table")
@@ -178,16 +177,16 @@ def main() -> int:
     gpus = torch.cuda.device_count()
     began = time.monotonic()
     every: dict[int, dict] = {}
-
-    def one(world: int) -> None:
+    # One world after another, never side by side: NVSHMEM's limited mode (several PEs on a GPU, no MPS)
+    # names the shared memory it sets up by the GPU's first PE (/dev/shm/mps_shm_0 in 3.4.5), the same for
+    # every job on the machine, and unlinks it at init and exit: two jobs at once would mix their state.
+    # Each world has an equal share of --limit-s and starts at another place in the list (rotated), so
+    # that a limit too short for every program at every world still runs each program at some world.
+    share = args.limit_s / len(args.world)
+    for n, world in enumerate(args.world):
+        turn = n * len(programs) // len(args.world)
         with open(out / f"programs_world{world}.out", "w") as log:
-            every[world] = run_world(world, programs, args.quiet_s, log, args.limit_s)
-    # side by side: most of a program's run is the host's (start-up, compiling, the reference on the CPU)
-    threads = [threading.Thread(target=one, args=(world,)) for world in args.world]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+            every[world] = run_world(world, programs[turn:] + programs[:turn], args.quiet_s, log, share)
     ok = True
     for world in args.world:
         results = every.get(world, {})

@@ -145,7 +145,7 @@ def test_past_its_deadline_no_run_starts_and_the_run_is_not_ok(tmp_path):
     assert rows["smoke_runtime_world2"] == "0" and rows["teardown_world2"] == "late" and rows["checks_world8"] == "late"
 
 
-def test_the_programs_stage_runs_the_worlds_side_by_side_then_prints_the_table(tmp_path):
+def test_the_programs_stage_runs_every_world_then_prints_the_table(tmp_path):
     outputs = {"programs_table": "PASS allreduce world 2 -- Y: ok\nPASS allreduce world 8 -- Y: ok\n"}
     code, out = gpu_all(tmp_path, ["programs"], outputs, STUB_GPUS="1", PROGRAM_WORLDS="2 8")
     assert code == 0, out

@@ -119,3 +119,61 @@ def test_the_emulated_collectives_comparison_fails_on_nan_or_inf(where, value):
     errors = [_worst_error(torch.ones(8).numpy(), torch.ones(8, dtype=torch.float64)),
               _worst_error(got.numpy(), want)]
     assert max(errors) == INF
+
+
+# ---- ranks sharing a GPU: checks skipped by name, spread over programs, cut by a time budget ------
+
+@pytest.fixture
+def one_rank():
+    """A process group of this process alone (gloo), for the Checks' own bookkeeping."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+def test_where_ranks_share_a_gpu_checks_of_nccl_skip_by_name_and_the_rest_run_spread(one_rank, monkeypatch, capfd):
+    import harness
+    monkeypatch.setattr(harness, "SHARED", True)
+    monkeypatch.delenv("CHECKS_BUDGET_S", raising=False)
+    checks = harness.Checks()
+    ran = []
+    for name in ("allgather 1", "allgather 2", "allgather 3", "reduce_scatter 1", "reduce_scatter 2", "gemm_ar 1"):
+        assert checks.record(name, lambda name=name: ran.append(name))
+    checks.record("allgather via torch", lambda: ran.append("torch"), needs="nccl")
+    checks.record("moe over capacity", lambda: ran.append("last"), last=True)
+    checks.record("allgather 4", lambda: ran.append("allgather 4"))
+    assert not ran  # spread: they wait for finish
+    monkeypatch.setattr(harness.dist, "destroy_process_group", lambda: None)  # the fixture's
+    assert checks.finish(None) == 0
+    assert ran == ["allgather 1", "reduce_scatter 1", "gemm_ar 1", "allgather 2", "reduce_scatter 2",
+                   "allgather 3", "allgather 4", "last"]
+    out = capfd.readouterr().out
+    assert "SKIP allgather via torch -- needs NCCL, which refuses two ranks on one GPU" in out
+    assert "skipped 1 checks of NCCL or torch's symmetric memory" in out and "8 run, 0 failed" in out
+
+
+def test_past_the_budget_no_check_starts_but_the_first_always_runs(one_rank, monkeypatch, capfd):
+    import harness
+    monkeypatch.setenv("CHECKS_BUDGET_S", "0.5")
+    monkeypatch.setattr(harness, "BEGAN", harness.time.monotonic() - 10)  # the start-up took the budget
+    checks = harness.Checks()
+    ran = []
+    for n in range(3):
+        checks.record(f"check {n}", lambda n=n: ran.append(n))
+    monkeypatch.setattr(harness.dist, "destroy_process_group", lambda: None)
+    assert checks.finish(None) == 0 and ran == [0]
+    out = capfd.readouterr().out
+    assert out.count("SKIP check") == 2 and "out of time (CHECKS_BUDGET_S=0.5)" in out and "1 run, 0 failed" in out
+
+
+def test_checks_calls_caps_the_calls_back_to_back(monkeypatch):
+    import harness
+    monkeypatch.setenv("CHECKS_CALLS", "3")
+    assert harness.cap_calls(100) == 3 and harness.cap_calls(2) == 2
+    monkeypatch.setenv("CHECKS_CALLS", "1")
+    assert harness.cap_calls(100) == 2  # a first call, and at least one back to back after it
+    calls = []
+    make = lambda: Case((torch.zeros(2),), lambda: None, lambda: None)  # noqa: E731
+    back_to_back(lambda *args, check: calls.append(check), lambda: None, make, calls=100)
+    assert calls == [True, False]

@@ -86,9 +86,9 @@ class StandIn:
         pass
 
 
-def _script_rank(rank, world, port, stale, results):
+def _script_rank(rank, world, port, stale, results, spread=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      CHECKS_ONLY="")
+                      CHECKS_ONLY="", CHECKS_SPREAD="1" if spread else "")
     sys.path[:0] = [str(HERE), str(PROGRAMS_TESTS)]
     torch.set_num_threads(1)
     import harness
@@ -105,11 +105,11 @@ def _script_rank(rank, world, port, stale, results):
     results.put((rank, moe_checks.main()))
 
 
-def _run(stale):
+def _run(stale, spread=False):
     context = mp.get_context("spawn")
     results = context.Queue()
     port = 29500 + (os.getpid() + 211 + 17 * stale) % 1000
-    procs = [context.Process(target=_script_rank, args=(r, 2, port, stale, results)) for r in range(2)]
+    procs = [context.Process(target=_script_rank, args=(r, 2, port, stale, results, spread)) for r in range(2)]
     for p in procs:
         p.start()
     got = sorted(results.get(timeout=600) for _ in procs)
@@ -124,8 +124,14 @@ def _lines(out, verdict):
 
 
 def test_moe_checks_pass_a_correct_stand_in_and_fail_a_stale_one(capfd):
-    assert _run(stale=False) == [(0, 1), (1, 1)]  # the CUDA-graph checks fail without a GPU
+    # spread over the programs, as where ranks share a GPU: each check still gets its own shape and routing
+    assert _run(stale=False, spread=True) == [(0, 1), (1, 1)]  # the CUDA-graph checks fail without a GPU
     out = capfd.readouterr().out
+    verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
+    assert [line.split(" -- ")[0] for line in verdicts[-2:]] == [
+        "PASS moe_dispatch over capacity raises CapacityExceeded",
+        "PASS ag_group_gemm over capacity raises CapacityExceeded"], out  # last, as asked
+    assert verdicts[0].split()[1] != verdicts[1].split()[1], out  # one program, then another
     passed, failed = _lines(out, "PASS"), _lines(out, "FAIL")
     assert failed and all(name.startswith(RUNTIME_ONLY) for name in failed), out
     programs = {name.split()[0] for name in passed}

@@ -182,11 +182,11 @@ class _ProcessGroupHeap(SymmetricHeap):
 def _size_bytes(text: str) -> int:
     """NVSHMEM_SYMMETRIC_SIZE as NVSHMEM reads it (a number of bytes, or with a K/M/G/T suffix); its
     default, 1 GiB, where unset or unreadable."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     text = text.strip().upper().removesuffix("B")
-    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "")
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
     try:
-        return int(float(number) * units[unit])
+        return int(float(number) * unit)
     except ValueError:
         return 1 << 30
 

@@ -157,6 +157,10 @@ def through_cpu(group=None) -> bool:
     return "nccl" not in str(dist.get_backend(group)) or shared()
 
 
+def _via_cpu(t: torch.Tensor, group=None) -> bool:
+    return t.is_cuda and through_cpu(group)
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor's bytes as uint8 rows, one a row of dimension 0 (a 0-d tensor as one row)."""
     t = t.reshape(1) if t.dim() == 0 else t
@@ -169,7 +173,7 @@ def _summable(t: torch.Tensor) -> torch.Tensor:
 
 def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> None:
     """In place, as dist.all_reduce."""
-    if not (t.is_cuda and through_cpu(group)):
+    if not _via_cpu(t, group):
         dist.all_reduce(t, op=op, group=group)
         return
     host = _summable(t.cpu())
@@ -179,7 +183,7 @@ def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> None:
 
 def all_gather(parts: list[torch.Tensor], t: torch.Tensor, group=None) -> None:
     """As dist.all_gather: parts[r] gets rank r's t."""
-    if not (t.is_cuda and through_cpu(group)):
+    if not _via_cpu(t, group):
         dist.all_gather(parts, t.contiguous(), group=group)
         return
     mine = t.contiguous().cpu()
@@ -191,7 +195,7 @@ def all_gather(parts: list[torch.Tensor], t: torch.Tensor, group=None) -> None:
 
 def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None) -> None:
     """As dist.all_gather_into_tensor: every rank's t, concatenated along dimension 0."""
-    if not (t.is_cuda and through_cpu(group)):
+    if not _via_cpu(t, group):
         dist.all_gather_into_tensor(out, t.contiguous(), group=group)
         return
     world = dist.get_world_size(group)
@@ -204,7 +208,7 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None) -> No
 def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> None:
     """As dist.reduce_scatter_tensor: rank r gets the sum over ranks of t's r-th share of dimension 0
     (through the CPU: the whole sum, then this rank's share)."""
-    if not (t.is_cuda and through_cpu(group)):
+    if not _via_cpu(t, group):
         dist.reduce_scatter_tensor(out, t.contiguous(), op=op, group=group)
         return
     host = _summable(t.contiguous().cpu()).clone()
@@ -215,7 +219,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.S
 
 def broadcast(t: torch.Tensor, src: int = 0, group=None) -> None:
     """In place, as dist.broadcast from global rank `src`."""
-    if not (t.is_cuda and through_cpu(group)):
+    if not _via_cpu(t, group):
         dist.broadcast(t, src, group=group)
         return
     host = t.contiguous().cpu()
@@ -225,7 +229,7 @@ def broadcast(t: torch.Tensor, src: int = 0, group=None) -> None:
 
 def all_to_all_single(out: torch.Tensor, t: torch.Tensor, out_splits=None, in_splits=None, group=None) -> None:
     """As dist.all_to_all_single, splits in rows of dimension 0."""
-    if not (t.is_cuda and through_cpu(group)):
+    if not _via_cpu(t, group):
         dist.all_to_all_single(out, t.contiguous(), out_splits, in_splits, group=group)
         return
     host_in, host_out = t.contiguous().cpu(), torch.empty(out.shape, dtype=out.dtype)
