@@ -508,7 +508,7 @@ def decode_row(programs, Bq, C, world, verdicts):
         if 1 <= n <= C and n != chosen:
             variants.append((f"tiledsl_NS{n}", f"{n} forced", programs.force(n)))
     for key, what, program in variants:
-        row[key] = optional(f"{tag} {key}", lambda program=program, what=what: time_checked(
+        row[key] = attempt(verdicts, f"{tag} {key}", lambda program=program, what=what: time_checked(
             verdicts, f"{tag} flash_decode {what} slices", program_call(program, Q, K, V, Lens, O), program.check,
             O, want, timer=time_loop_ms))
         program.release()  # its prepared calls keep this row's caches alive
