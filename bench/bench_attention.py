@@ -22,6 +22,7 @@ and in a CUDA graph (the faster counts); the K and V bytes a rank streams over t
 
 Times are medians of CUDA-event timings of the slowest rank: prefill one call at a time, decode 20
 calls back to back. ATTENTION_ONLY=tile|sp|ops|decode (several, comma-separated) runs parts;
+DECODE="1:1024,4096;8:16384" picks decode's rows;
 ATTENTION_VARIANTS=all times every tile variant (else the defaults and the best measured); TOKENS=4096,
 8192 picks the tile table's lengths. Writes attention_world{W}.json and .png and prints the tables last;
 a wrong output is a FAIL line, left out, and the exit code is 1."""
@@ -49,6 +50,10 @@ TILE_TOKENS = tuple(int(t) for t in os.environ.get("TOKENS", "4096,8192,16384").
 SP_TOKENS = (4096, 8192)                               # tokens a rank
 DECODE_BATCHES = (1, 8)
 DECODE_KV = (1024, 4096, 16384, 65536, 131072)         # cache positions a rank
+# DECODE="1:1024,4096;8:16384" picks the decode rows (batch: cache positions a rank), else every pair above
+DECODE_ROWS = [(int(b), int(c)) for part in os.environ.get("DECODE", "").split(";") if part
+               for b, cs in [part.split(":")] for c in cs.split(",")] or \
+    [(b, c) for b in DECODE_BATCHES for c in DECODE_KV]
 DECODE_HEADS, DECODE_KV_HEADS = 64, 8
 BF16 = {"device": "cuda", "dtype": torch.bfloat16}
 
@@ -87,10 +92,10 @@ FULL_VARIANTS = {
 # timed unless ATTENTION_VARIANTS=all: the programs' defaults and the fastest of the last GPU run
 DEFAULT_VARIANTS = {True: ("sp_tile", "split", "masked_ws"), False: ("masked", "split", "ws")}
 # sp_ag_attention variants beside its defaults (label: consts)
-SP_VARIANTS = {"pointers": {"TMA": 0}}
+SP_VARIANTS: dict = {}  # the tile table times its builds; each SP build costs a compile of its own
 # flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
 # (SLICES in programs/flash_decode.tds), timed beside half and twice as many (forced through its consts)
-SLICE_NEIGHBOURS = (0.5, 2, 4)
+SLICE_NEIGHBOURS = (0.5, 2)
 _said = set()
 
 
@@ -656,12 +661,11 @@ def main() -> int:
         rows += sp_rows(programs, rank, world, verdicts, heap)
     if "decode" in only:
         decode = DecodePrograms(heap)
-        for Bq in DECODE_BATCHES:
-            for C in DECODE_KV:
-                rows.append(decode_row(decode, Bq, C, world, verdicts))
-                if rank0():
-                    print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in rows[-1].items()}, flush=True)
-                torch.cuda.empty_cache()
+        for Bq, C in DECODE_ROWS:
+            rows.append(decode_row(decode, Bq, C, world, verdicts))
+            if rank0():
+                print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in rows[-1].items()}, flush=True)
+            torch.cuda.empty_cache()
     if rank == 0:
         print(table(rows), flush=True)
         path = save(f"attention_world{world}", rows)
