@@ -41,8 +41,11 @@ def zigzag_block_cases(world):
     # BM=128 BN=64 on 3 stages: right in 30 calls at the ragged size where 1 and 2 stages were wrong
     # (bench/experiments/attention_blocks_probe.py, session 12), and the fastest tile on one H200
     three = {"BM": 128, "BN": 64, "num_stages": 3}
+    # the blocks read through pointers (TMA=0) and through descriptors made on the device (TMA=2), beside
+    # the default's made by the launcher, at the ragged size (issue 26)
     return [({"BM": 128, "BN": 64}, (1, 1000, 8, 2)), ({"BM": 128, "BN": 64, "num_sms": fewer}, (2, 2048, 32, 8)),
-            ({"BM": 128, "BN": 64}, (2, 2048, 32, 8)), (three, (1, 1000, 8, 2)), (three, (2, 2048, 32, 8))]
+            ({"BM": 128, "BN": 64}, (2, 2048, 32, 8)), (three, (1, 1000, 8, 2)), (three, (2, 2048, 32, 8)),
+            ({"TMA": 0}, (2, 1000, 32, 8)), ({"TMA": 2}, (2, 1000, 32, 8))]
 
 
 def ulysses_shapes(world):

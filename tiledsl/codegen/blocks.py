@@ -25,6 +25,16 @@ MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
 # accumulator on 4 warps, 255 registers and a 512-byte stack).
 ELEMENTS_PER_WARP = 64 * 32
 MIN_WARPS, MAX_WARPS = 4, 8
+# A program's consts that choose how its block tiles are built (each 0 where the program does not say):
+# TMA = 1 reads and writes every block a descriptor reaches through one (tds_desc_* kernel arguments,
+# made by the launcher over the whole tensor); WS = 1 has Triton warp-specialize the loops that hold
+# matrix products; WARPS sets the warps a program (else the largest block decides, see `warps`).
+# TMA = 2 makes the descriptors on the device instead (tl.make_tensor_descriptor, once a program), as
+# Triton's warp specialization on Hopper needs (with 4 warps: it adds the producer warps itself).
+# A program may declare them (`const TMA = 1`) or be built with them (`tiledsl.compile(path, WS=1)`, TMA=0).
+TMA, WS, WARPS = "TMA", "WS", "WARPS"
+BUILD_OPTIONS = (TMA, WS, WARPS)
+TMA_BOX = 256  # the most elements a TMA box takes along one dimension
 # names the kernel template gives itself around a family's statements: never a statement's
 TEMPLATE_NAMES = {"tds_t", "tds_inst", "tds_part", "tds_k", "tds_a", "tds_b", "tds_first", "tds_last", "tds_step",
                   "tds_r", "tds_c", "tds_r0", "tds_c0", "tds_block", "tds_inside", "tds_peer", "tds_pid",
@@ -66,6 +76,10 @@ class _Block:
         # device values its regions read (gathered rows' indices, a peer's rank): fetched per statement list
         self.sites = sites if sites is not None else Sites(schedule)
         self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
+        self.descriptors: dict[tuple, str] = {}        # (tensor, block) -> its descriptor argument's name
+        self.tma_loads = False                          # whether a load goes through a descriptor
+        self.made: list = []                            # device-made descriptors for the next load or store
+        self.notified = {e.producer for e in schedule.edges}  # families that signal their waiters
 
     # ---- names and blocks ---------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -113,6 +127,7 @@ class _Block:
     def lower(self) -> b.TileBody:
         out: list = []
         self.statements(self.family.body or self.family.stores, out)
+        out = _hoisted(out)
         return b.TileBody(tuple(out), None, None, tuple(self.blocks), tuple(self.head), self.warps())
 
     def warps(self) -> int:
@@ -123,6 +138,8 @@ class _Block:
             sizes = [sympy.sympify(d).subs({ir.size_symbol(k): v for k, v in self.consts.items()}) for d in shape]
             if all(n.is_Integer for n in sizes):
                 largest = max(largest, math.prod(1 if n == 1 else max(MIN_BLOCK, pow2_at_least(int(n))) for n in sizes))
+        if self.consts.get(WARPS):
+            return int(self.consts[WARPS])
         return min(MAX_WARPS, max(MIN_WARPS, pow2_at_least(math.ceil(largest / ELEMENTS_PER_WARP))))
 
     def shape(self, value) -> tuple:
@@ -150,8 +167,16 @@ class _Block:
                 # a step's waits come after the size names its waits use, before anything it reads
                 sizes = next((n for n, s in enumerate(statement.body) if not isinstance(s, ir.SizeLet)),
                              len(statement.body))
+                if waits and self.tma_loads:  # the TMA loads below read what the waits acquired: another proxy
+                    waits = waits + (b.Fence(),)
                 steps[sizes:sizes] = waits
-                out.append(b.Loop(statement.var, self.k(statement.extent), tuple(steps), 1 if waits else None))
+                extent = self.k(statement.extent)
+                if extent == 1 and not waits:  # one step (a tile's one loop holding two): its statements
+                    out.append(b.Assign(statement.var.name, b.Scalar(sympy.Integer(0), integer=True)))
+                    out.extend(steps)
+                else:
+                    specialize = bool(self.consts.get(WS)) and not waits and _holds_dot(steps)
+                    out.append(b.Loop(statement.var, extent, tuple(steps), 1 if waits else None, specialize))
                 for carried in statement.carried:
                     self.shapes[carried.name] = carried.shape
             else:
@@ -160,6 +185,14 @@ class _Block:
                 if isinstance(value, b.Scalar):  # a constant stored: a block of it, the region's shape
                     shape = statement.target.shape
                     value = b.full(value, tuple(self.block(d) for d in shape), out, self.fresh)
+                described = self.descriptor(statement.target, shape, store=True)
+                if described is not None:
+                    name, at, block, _ = described
+                    out.extend(self.made)
+                    self.made.clear()
+                    value = b.rounded(self.schedule, statement.target.tensor, value, out, self.fresh)
+                    out.append(b.DescStore(name, statement.target.tensor, at, block, value))
+                    continue
                 place = self.place(statement.target, shape, out)
                 cap = self.schedule.tensors[statement.target.tensor].cap
                 if cap is not None:  # counts stored above their cap are reported (and stored as they are)
@@ -209,8 +242,78 @@ class _Block:
     def load(self, value: ir.Load, native: bool, out: list, into: str | None) -> str:
         shape = value.region.shape
         name = into or self.fresh(value.region.tensor)
+        described = self.descriptor(value.region, shape)
+        if described is not None:
+            descriptor, at, block, blocks = described
+            self.tma_loads = True
+            out.extend(self.made)
+            self.made.clear()
+            out.append(b.DescLoad(name, descriptor, value.region.tensor, at, block, blocks, native))
+            return name
         out.append(b.Load(name, self.place(value.region, shape, out), native))
         return name
+
+    def descriptor(self, region: ir.Region, shape, store: bool = False):
+        """Where the program asks for TMA (const TMA) and a descriptor reaches the region: the
+        descriptor's name, the block's start in each dimension, the block (1 at a point) and the
+        value's blocks; else None. A descriptor reaches a local region without gathered rows or
+        device values whose kept dimensions are exactly their blocks (a block larger than its
+        region would read the next elements, not zeros), its last dimension kept and at least 16
+        bytes, every block within a TMA box; a store also needs no notify after it (a TMA store
+        completes asynchronously) and no cap to check."""
+        if not self.consts.get(TMA) or region.owner is not None or region.rows is not None:
+            return None
+        tensor = self.schedule.tensors[region.tensor]
+        if not 2 <= len(region.dims) <= 5 or not self.floating(region.tensor) or not region.dims[-1].kept:
+            return None
+        if store and (tensor.cap is not None or self.family.name in self.notified):
+            return None
+        if any(ir.device_values(e) for d in region.dims for e in (d.start, d.size)):
+            return None
+        block = []
+        for dim in region.dims:
+            if not dim.kept:
+                block.append(1)
+                continue
+            if not self.covers(dim.size):
+                return None
+            size = self.block(dim.size)
+            if size > TMA_BOX:
+                return None
+            block.append(size)
+        from tiledsl.tables import DTYPES
+        if block[-1] * DTYPES[tensor.dtype].torch.itemsize < 16:
+            return None
+        blocks = tuple(self.block(d) for d in (shape or ()))
+        if math.prod(blocks) != math.prod(block):
+            return None
+        strides = tuple(self.k(sympy.Mul(*tensor.shape[n + 1:])) for n in range(len(tensor.shape)))
+        kept = [n for n, d in enumerate(region.dims) if d.kept]
+        if int(self.consts[TMA]) == 2 and len(kept) == 2:
+            # made on the device, 2-D over the kept dimensions at the region's points: a descriptor of more
+            # dimensions, its block reshaped, fails Triton 3.6's warp specialization on Hopper (its data
+            # partition meets the reshape). Made where its points are known (hoisted out of the loops later).
+            offset = sum((self.k(d.start) * strides[n] for n, d in enumerate(region.dims) if not d.kept),
+                         sympy.Integer(0))
+            key = (region.tensor, tuple(block), offset)
+            if key not in self.descriptors:
+                name = f"tds_desc_{self.family.name}_{region.tensor}{len(self.descriptors) + 1}"
+                self.descriptors[key] = name
+            name = self.descriptors[key]
+            self.made.append(b.MakeDescriptor(name, region.tensor, tuple(self.k(tensor.shape[n]) for n in kept),
+                                              tuple(strides[n] for n in kept), tuple(block[n] for n in kept),
+                                              offset))
+            return name, tuple(self.k(region.dims[n].start) for n in kept), tuple(block[n] for n in kept), blocks
+        key = (region.tensor, tuple(block))
+        if key not in self.descriptors:
+            taken = sum(1 for k in self.descriptors if k[0] == region.tensor)
+            name = f"tds_desc_{self.family.name}_{region.tensor}" + (f"_{taken + 1}" if taken else "")
+            self.descriptors[key] = name
+            if int(self.consts[TMA]) == 2:  # made on the device, once a program
+                self.head.append(b.MakeDescriptor(name, region.tensor, tuple(self.k(d) for d in tensor.shape),
+                                                  strides, tuple(block)))
+        at = tuple(self.k(d.start) for d in region.dims)
+        return self.descriptors[key], at, tuple(block), blocks
 
     def apply(self, value: ir.Map, out: list, into: str | None) -> b.Operand:
         args = [self.value(a, out) for a in value.args]
@@ -345,6 +448,35 @@ class _Block:
             owner, conditions = values.index(region.owner, ir.WORLD, f"{region.tensor}@rank", out, *rows)
             valid += conditions
         return b.Place(region.tensor, owner, tuple(dims), rank, names, tuple(valid))
+
+
+def _hoisted(statements: list) -> list:
+    """Device-made descriptors moved out of every loop whose steps they do not depend on (its variable,
+    the names its steps bind), so that each is made once where its points are known; one made twice in
+    a statement list (the same tensor at the same points, read by two loops) is made once."""
+    out: list = []
+    for s in statements:
+        if isinstance(s, b.Loop):
+            body = _hoisted(list(s.body))
+            bound = {s.var.name} | {x.name for x in body if isinstance(x, b.Assign)}
+            inner, lifted = [], []
+            for x in body:
+                free = set()
+                if isinstance(x, b.MakeDescriptor):
+                    free = {sym.name for e in (x.offset, *x.shape, *x.strides)
+                            for sym in sympy.sympify(e).free_symbols}
+                (lifted if isinstance(x, b.MakeDescriptor) and not free & bound else inner).append(x)
+            out += [x for n, x in enumerate(lifted) if x not in out and x not in lifted[:n]]
+            s = dataclasses.replace(s, body=tuple(inner))
+        if isinstance(s, b.MakeDescriptor) and any(isinstance(x, b.MakeDescriptor) and x == s for x in out):
+            continue
+        out.append(s)
+    return out
+
+
+def _holds_dot(statements) -> bool:
+    """Whether a loop's step holds a matrix product of its own (not only in a loop inside it)."""
+    return any(isinstance(s, b.Dot) for s in statements)
 
 
 def _dot_only_names(family: ir.Family) -> set[str]:

@@ -113,6 +113,9 @@ class Loop:
     # a loop whose steps wait is not software-pipelined (1 stage): the pipeliner would issue a step's
     # loads in the step before, ahead of that step's wait (as flattening did with TMA loads on H200)
     stages: int | None = None
+    # Triton's automatic warp specialization of this loop (a program's const WS: the loops of a block
+    # tile that hold its matrix products; on Hopper, producer warps issue the TMA loads)
+    specialize: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,45 @@ class Product:
 @dataclass(frozen=True)
 class Store:
     place: Place
+    value: Operand
+
+
+@dataclass(frozen=True)
+class DescLoad:
+    """A block tile's load through a TMA descriptor (`descriptor`, a kernel argument over the whole
+    tensor): the block at `at` (one start a dimension), of `block` elements a dimension (1 at a
+    point), reshaped to `shape`. TMA reads elements past a dimension's end as 0, as a masked load
+    does, and frees the registers and instructions a block of pointers takes."""
+    name: str
+    descriptor: str
+    tensor: str
+    at: tuple[sympy.Expr, ...]
+    block: tuple[int, ...]
+    shape: tuple[int, ...]
+    native: bool = False
+
+
+@dataclass(frozen=True)
+class MakeDescriptor:
+    """`name` = a TMA descriptor over the whole of `tensor` made on the device (once a program, before
+    its instances): what Triton's warp specialization on Hopper reads its loads through. Its global
+    scratch comes from the allocator the launcher sets (triton.set_allocator)."""
+    name: str
+    tensor: str
+    shape: tuple[sympy.Expr, ...]
+    strides: tuple[sympy.Expr, ...]
+    block: tuple[int, ...]
+    offset: sympy.Expr = sympy.Integer(0)  # elements from the tensor's start (its points, for a 2-D one)
+
+
+@dataclass(frozen=True)
+class DescStore:
+    """A block tile's store through a TMA descriptor: the elements past a dimension's end are not
+    written (TMA clips them)."""
+    descriptor: str
+    tensor: str
+    at: tuple[sympy.Expr, ...]
+    block: tuple[int, ...]
     value: Operand
 
 
@@ -359,7 +401,7 @@ class If:
     body: tuple["Statement", ...]
 
 
-Statement = Union[Load, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
+Statement = Union[Load, DescLoad, DescStore, MakeDescriptor, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
                   Copy, Put, Get, Fetch, Report, Scan, If, Arange, Assign, Full, Trans, Dot, Mask]
 
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import (Arange, Copy, Dot, Fetch, Full, Get, If, Load, Loop, Place, Product, Put, Record,
-                                  Report, Scan, Store, TmaStore, Zeros)
+from tiledsl.codegen.body import (Arange, Copy, DescLoad, DescStore, Dot, Fetch, Full, Get, If, Load, Loop,
+                                  MakeDescriptor, Place, Product, Put, Record, Report, Scan, Store, TmaStore, Zeros)
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -61,6 +61,16 @@ def interface_of(plan) -> KernelInterface:
                 store = next(s for s in walk(f.body) if isinstance(s, TmaStore))
                 args.append(Arg(f"tds_desc_{f.name}_c", Kind.DESCRIPTOR, f.tma_target, dtypes[f.tma_target],
                                 (1,) * len(store.at) + (p.block_m, p.block_n)))
+        # a block tile's TMA loads and stores: one descriptor a tensor and block, over the whole tensor
+        described = {}
+        made = {s.name for s in walk(f.head + f.body) if isinstance(s, MakeDescriptor)}  # on the device
+        for s in walk(f.body):
+            if getattr(s, "descriptor", None) in made:
+                continue
+            if isinstance(s, (DescLoad, DescStore)):
+                described.setdefault(s.descriptor, Arg(s.descriptor, Kind.DESCRIPTOR, s.tensor, dtypes[s.tensor],
+                                                       s.block))
+        args += list(described.values())
     args += [Arg(p, Kind.SIZE) for p in plan.params] + [Arg("rank", Kind.SIZE), Arg("world", Kind.SIZE)]
     if plan.spans_nodes:
         args += [Arg("nodes", Kind.SIZE), Arg("local_world", Kind.SIZE)]
@@ -130,7 +140,7 @@ def _exprs(value):
 
 def symbols_of(family) -> set[sympy.Symbol]:
     """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
-    parts = (family.indices, family.body, family.notify, family.count_row)
+    parts = (family.indices, family.head, family.body, family.notify, family.count_row)
     found = set().union(*(e.free_symbols for e in _exprs(parts)))
     local = _local_symbols(family)  # its own names, a tile's size names (Assign) among them
     return {s for s in found if s.name not in local}
@@ -162,6 +172,13 @@ def _needs(family, plan) -> set[str]:
             names.update({f"tds_desc_{family.name}_a", f"tds_desc_{family.name}_b"})
             if isinstance(s.block_k, str):
                 names.add(s.block_k)
+        elif isinstance(s, (DescLoad, DescStore)):
+            if isinstance(s, DescStore):
+                names.add(s.tensor)  # its dtype, the stored block's
+            if not any(isinstance(m, MakeDescriptor) and m.name == s.descriptor for m in walk(family.head + family.body)):
+                names.add(s.descriptor)  # an argument, made by the launcher
+        elif isinstance(s, MakeDescriptor):
+            names.add(s.tensor)
         elif isinstance(s, TmaStore):
             names.update({f"tds_desc_{family.name}_c", s.tensor})
         elif isinstance(s, (Zeros, Full)):

@@ -201,8 +201,9 @@ def source_line(schedule: ir.Schedule, span) -> str:
 def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> KernelPlan:
     """Plan the kernel, the signals and the host steps for a checked schedule."""
     consts = {**schedule.consts, **(consts or {})}
+    from tiledsl.codegen.blocks import BUILD_OPTIONS
     for name, value in consts.items():
-        if name not in schedule.consts:
+        if name not in schedule.consts and name not in BUILD_OPTIONS:  # how block tiles are built: any program
             raise LoweringError(f"'{name}' is not a const of {schedule.name}; consts: {', '.join(schedule.consts)}")
         if name in schedule.tunables and value not in schedule.tunables[name]:
             raise LoweringError(f"{name}={value} is not one of its choices {list(schedule.tunables[name])}")

@@ -11,7 +11,7 @@ import jinja2
 import sympy
 
 from tiledsl.codegen import body
-from tiledsl.codegen.interface import EPOCH, Kind
+from tiledsl.codegen.interface import EPOCH, Kind, walk
 from tiledsl.codegen.plan import INSTANCE, KernelPlan
 from tiledsl.schedule import ir
 from tiledsl.schedule.intcode import code
@@ -33,6 +33,8 @@ def _environment() -> jinja2.Environment:
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
                        wait_call=wait_call)
+    env.globals["device_descriptors"] = lambda plan: any(  # TMA descriptors made on the device
+        isinstance(s, body.MakeDescriptor) for f in plan.kernel_families for s in walk(f.head + f.body))
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
                        FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env

@@ -69,24 +69,77 @@ def flash_decode(q, k, v, lens, group, world: int) -> torch.Tensor:
 
 def sp_attention(q, k, v, group, world: int) -> torch.Tensor:
     """Causal attention of this rank's query pieces over a sequence sharded zig-zag: 2 * world pieces of
-    P tokens, rank r holding pieces r and 2*world-1-r (q [B, 2, P, H, D], k and v [B, 2, P, HKV, D]).
-    K and V are all-gathered and put in sequence order; torch's attention (query head h on KV head
-    h // (H / HKV)) in float32, rounded once."""
+    P tokens, rank r holding pieces r and 2*world-1-r (q [B, 2, P, H, D], k and v [B, 2, P, HKV, D]),
+    query head h on KV head h // (H / HKV). K and V are all-gathered and put in sequence order, then
+    torch's attention in a formulation that keeps its fastest backend (cuDNN on an H200): an explicit
+    mask turns cuDNN off. At world 1 the two pieces are the sequence in order: one causal call over
+    it. Beyond, each query piece attends causally to its own piece and, without a mask, to the pieces
+    before it, the two merged by their log-sum-exps (`sdpa_lse`)."""
     B, _, P, H, D = q.shape
     HKV = k.shape[3]
+    if world == 1:  # pieces 0 and 1: the sequence in order, in torch's [B, S, heads, D] layout
+        out = F.scaled_dot_product_attention(q.reshape(B, 2 * P, H, D).transpose(1, 2),
+                                             k.reshape(B, 2 * P, HKV, D).transpose(1, 2),
+                                             v.reshape(B, 2 * P, HKV, D).transpose(1, 2), is_causal=True,
+                                             enable_gqa=H != HKV)
+        return out.transpose(1, 2).reshape(q.shape)
     rank = dist.get_rank(group)
     gathered = [all_gather_rows(t, group, world).view(world, B, 2, P, HKV, D) for t in (k, v)]
     order = sorted((s + z * (2 * world - 1 - 2 * s), s, z) for s in range(world) for z in range(2))
-    keys, values = (torch.cat([t[s, :, z] for _, s, z in order], dim=1).float()  # [B, 2*world*P, HKV, D]
-                    .repeat_interleave(H // HKV, dim=2).transpose(1, 2) for t in gathered)
+    keys, values = (torch.cat([t[s, :, z] for _, s, z in order], dim=1).transpose(1, 2)  # [B, HKV, 2wP, D]
+                    for t in gathered)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for z in range(2):
         piece = rank + z * (2 * world - 1 - 2 * rank)
-        # a query at position piece*P + t sees every key up to its own position
-        allowed = torch.ones(P, 2 * world * P, dtype=torch.bool, device=q.device).tril(piece * P)
-        attended = F.scaled_dot_product_attention(q[:, z].transpose(1, 2).float(), keys, values, attn_mask=allowed)
-        out[:, z] = attended.transpose(1, 2).to(q.dtype)
+        query = q[:, z].transpose(1, 2)
+        own = slice(piece * P, (piece + 1) * P)
+        mine, mine_lse = sdpa_lse(query, keys[:, :, own], values[:, :, own], causal=True)
+        if piece:
+            before, before_lse = sdpa_lse(query, keys[:, :, :piece * P], values[:, :, :piece * P], causal=False)
+            top = torch.maximum(mine_lse, before_lse)
+            a, b = torch.exp(mine_lse - top), torch.exp(before_lse - top)
+            mine = (mine.float() * a[..., None] + before.float() * b[..., None]) / (a + b)[..., None]
+        out[:, z] = mine.transpose(1, 2).to(q.dtype)
     return out
+
+
+# which aten attention that returns its log-sum-exp runs on each kind of device, found at its first call:
+# cuDNN's, then flash's (the natural log-sum-exp [B, H, L] in float32 both), each with the KV heads as
+# they are, else repeated to the query heads; then plain float32 matmuls (a CPU has neither)
+_LSE_KERNELS: dict = {}
+
+
+def sdpa_lse(q, k, v, causal: bool):
+    """(softmax(q k^T / sqrt(D)) v, its natural log-sum-exp [B, H, L] float32) with torch's fastest
+    attention that returns one; a causal call is on a square block (its own piece)."""
+    def cudnn(q, k, v, causal):
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)[:2]
+
+    def flash(q, k, v, causal):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
+
+    def repeated(kernel):
+        return lambda q, k, v, causal: kernel(q, *(t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
+                                                   for t in (k, v)), causal)
+
+    def matmuls(q, k, v, causal):
+        k, v = (t.float().repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        scores = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
+                                        .triu(1), float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        return (torch.softmax(scores, dim=-1) @ v).to(q.dtype), lse
+    known = _LSE_KERNELS.get(q.device.type)
+    for kernel in [known] if known else [cudnn, repeated(cudnn), flash, repeated(flash), matmuls]:
+        try:
+            out, lse = kernel(q, k, v, causal)
+        except (RuntimeError, NotImplementedError):
+            continue
+        if lse.shape[:3] == q.shape[:3] and lse.numel() == q.shape[:3].numel():  # [B, H, L] or [B, H, L, 1]
+            _LSE_KERNELS.setdefault(q.device.type, kernel)
+            return out, lse.float().reshape(q.shape[:3])
+    raise RuntimeError("no torch attention kernel here returns its log-sum-exp")
 
 
 def _expert_rows(ids, experts: int, group, world: int):

@@ -34,6 +34,20 @@ MAX_MOVED_TABLES = 256
 SPINS_PER_SECOND = {"gpu": 2_000_000, "emulated": 5_000}
 
 
+def _device_scratch() -> None:
+    """TMA descriptors made on the device live in global scratch, which Triton asks the allocator set by
+    triton.set_allocator for at every launch: a caching-allocator tensor on the launch's stream (inside
+    a CUDA graph's capture, from the graph's pool). An allocator the caller set is kept."""
+    import triton
+    from triton.runtime import _allocation
+    if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        return
+
+    def scratch(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+    triton.set_allocator(scratch)
+
+
 class Program(Issuing):
     """A compiled program bound to a rank. Call it with the caller's tensors (in, out and inout, in
     declaration order, or by name); it returns the out and inout tensors."""
@@ -76,6 +90,8 @@ class Program(Issuing):
         self._staging = any(t.staged for t in module.tds_TENSORS)
         self.epoch = 0
         self.callers = [t for t in module.tds_TENSORS if t.role in ("in", "out", "inout")]
+        if getattr(module, "tds_DEVICE_DESCRIPTORS", False):
+            _device_scratch()
         if module.tds_DISTRIBUTED and self.topology.nodes > 1 and not self.spans_nodes:
             name = (module.__doc__ or "this program").split(":")[0]
             raise LaunchError(
