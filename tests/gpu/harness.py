@@ -31,6 +31,12 @@ NEEDS = {"nccl": "NCCL, which refuses two ranks on one GPU",
          "symm_mem": "torch's symmetric memory, which refuses ranks sharing a GPU"}
 
 
+def wait_s(seconds: float) -> float:
+    """A wait timeout for calls that must not time out: where ranks share a GPU a wait lasts until the
+    peers' kernels get their turns on it, so as many times longer as ranks share a GPU."""
+    return seconds * (placement.current().per_gpu if SHARED else 1)
+
+
 def cap_calls(n: int) -> int:
     """`n` calls, or at most CHECKS_CALLS (set where time is short: ranks sharing one GPU take turns on it)."""
     cap = os.environ.get("CHECKS_CALLS")

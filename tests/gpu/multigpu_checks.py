@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Case, Checks, back_to_back, cap_calls, close, empty, host, start  # noqa: E402
+from harness import Case, Checks, back_to_back, cap_calls, close, empty, host, start, wait_s  # noqa: E402
 
 import tiledsl
 from tiledsl.runtime.launch import LaunchError, ScheduleTimeout
@@ -250,7 +250,7 @@ def main() -> int:
     def recovery():
         """A call that fails on one rank (a wrong tensor there) times out on the other; reset() on every
         rank puts them back in step, and the next calls are right."""
-        program = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, wait_timeout_s=0.5)
+        program = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, wait_timeout_s=wait_s(0.5))
         case = allreduce_case(8192)
         case.refresh()
         program(*case.args)
