@@ -118,9 +118,12 @@ def collective_check(name, world, heap, shape_in, reference, out_shape=None, tol
     return run
 
 
-def main() -> int:
-    _, world, heap = start(1234)
-    checks = Checks()
+SEED = 1234
+
+
+def register(checks, rank: int, world: int, heap) -> None:
+    """Every check of this suite, recorded in `checks` (tests/gpu/all_checks.py runs the suites one after
+    another in one process group)."""
     record = checks.record
 
     shapes = gemm_shapes(world)
@@ -277,6 +280,12 @@ def main() -> int:
         raise AssertionError("N=32001 reached Triton's stride assertion instead of a LaunchError")
     record("N=32001 (rows not a multiple of 16 bytes) is refused by name", unaligned)
 
+
+
+def main() -> int:
+    rank, world, heap = start(SEED)
+    checks = Checks()
+    register(checks, rank, world, heap)
     return checks.finish(heap)
 
 
