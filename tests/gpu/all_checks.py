@@ -62,7 +62,7 @@ def run_suite(name, module_name, rank, world, deadline) -> dict:
     heap = None
     try:
         heap = open_heap()
-        if rank == 0 and name == "nodes":
+        if rank == 0 and name == "nodes" and heap is not None:
             print(f"nodes: topology {heap.topology} ranks", flush=True)
         (smoke_register if module is None else module.register)(checks, rank, world, heap)
         checks.run_pending()
