@@ -72,8 +72,8 @@ pack() {
   return 0
 }
 # Ranks sharing one GPU (a machine of one GPU; tiledsl.runtime.placement): every check suite at each of
-# SHARED_WORLDS (default 2 4 8), within SHARED_CHECKS_S seconds in all (default 480; 270 beside the
-# programs stage). One torchrun a world runs every suite in one process group (tests/gpu/all_checks.py:
+# SHARED_WORLDS (default 2 4 8), within SHARED_CHECKS_S seconds in all (default 480; 220 beside the
+# programs stage: the two fit a command of 450 s). One torchrun a world runs every suite in one process group (tests/gpu/all_checks.py:
 # the start-up is paid once; each suite has a heap of its own and a share of the world's budget), the
 # worlds taking 28, 32 and 40% of the time left after the teardown check (100 s for its five cases; 45 s
 # and TEARDOWN_CASES timeout and exit_hook beside the programs). CHECKS_CALLS caps the calls of each repeated-call
@@ -83,7 +83,7 @@ pack() {
 both=""; case " $stages " in *" checks "*) case " $stages " in *" programs "*) both=1 ;; esac ;; esac
 shared_checks() {
   local began=$SECONDS w calls share percent total teardown n=0
-  total=${SHARED_CHECKS_S:-$([ -n "$both" ] && echo 270 || echo 480)}
+  total=${SHARED_CHECKS_S:-$([ -n "$both" ] && echo 220 || echo 480)}
   teardown=$([ -n "$both" ] && echo 45 || echo 100)
   deadline=$((SECONDS + total))
   local worlds_here=${SHARED_WORLDS:-2 4 8}
@@ -92,7 +92,7 @@ shared_checks() {
     case $w in 2) calls=6 percent=28 ;; 4) calls=4 percent=32 ;; *) calls=3 percent=40 ;; esac
     [ "$(echo "$worlds_here" | wc -w)" -eq 1 ] && percent=100
     calls=${CHECKS_CALLS:-$calls}
-    share=$(( (total - teardown) * percent / 100 ))
+    share=$(( (total - teardown) * percent / 100 )); [ "$share" -lt 30 ] && share=30
     # the budget counts from the suites' start; start-up before it and the exit after take ~15 s
     run "checks_world$w" $((share + 40)) env CHECKS_CALLS="$calls" \
       torchrun --nproc-per-node="$w" tests/gpu/all_checks.py --budget-s $((share - 15))
@@ -104,17 +104,21 @@ shared_checks() {
 }
 # Every program of programs/ through `torchrun -m tiledsl run` at each of PROGRAM_WORLDS (default 2 4 8;
 # 8 4 beside the checks), one torchrun a world over all of them (bench/programs_table.py), within
-# PROGRAMS_S seconds (default 480, 240 beside the checks), an equal share a world; then the table of
+# PROGRAMS_S seconds (default 480, 180 beside the checks), an equal share a world; then the table of
 # every world run into $OUT and of bench/results/*/programs_world*.json from earlier runs (a world not run
 # here), also in $OUT/programs_table.md.
 programs_stage() {
-  local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 240 || echo 480)}
+  local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 180 || echo 480)}
   local worlds_here=${PROGRAM_WORLDS:-$([ -n "$both" ] && echo "8 4" || echo "2 4 8")}
   # one world after another (never two NVSHMEM jobs at once on a shared GPU: bench/programs_table.py says
   # why), each one torchrun over every program, restarted past one that dies or hangs
+  # the driver writes its JSON after every program; packed every 20 s, a call cut short keeps them
+  ( while sleep 20; do pack; done ) &
+  local packer=$!
   run programs $((total + 30)) python3 bench/programs_table.py run --world $worlds_here \
     --quiet-s "$([ -n "$both" ] && echo 35 || echo 60)" --limit-s "$total" --out "$OUT"
-  python3 bench/programs_table.py table "$OUT" bench/results/*/programs_world*.json | tee "$OUT/programs_table.txt"
+  kill "$packer" 2>/dev/null
+  python3 bench/programs_table.py table "$OUT" bench/results/*/*/programs_world*.json | tee "$OUT/programs_table.txt"
   pack
   echo "programs: $((SECONDS - began)) s"
 }

@@ -256,8 +256,9 @@ def main() -> int:
         began = time.monotonic()
         share = (ends - began) / (len(args.world) - n)
         turn = n * len(programs) // len(args.world)
-        save = lambda results, world=world, began=began: _write(  # noqa: E731
-            out, world, gpus, commit, time.monotonic() - began, results)
+        def save(results, world=world, began=began):
+            _write(out, world, gpus, commit, time.monotonic() - began, results)
+            (out / "programs_table.md").write_text(table(out) + "\n")  # so far: a run cut short keeps it
         with open(out / f"programs_world{world}.out", "w") as log:
             every[world] = run_world(world, programs[turn:] + programs[:turn], args.quiet_s, log, share, save)
         save(every[world])

@@ -136,7 +136,7 @@ def test_one_gpu_runs_every_suite_in_one_torchrun_a_world_at_2_4_8_then_the_tear
 
 
 def test_past_its_deadline_no_run_starts_and_the_run_is_not_ok(tmp_path):
-    code, out = gpu_all(tmp_path, ["checks"], {}, STUB_GPUS="1", SHARED_CHECKS_S="125", STUB_SLEEP="3")
+    code, out = gpu_all(tmp_path, ["checks"], {}, STUB_GPUS="1", SHARED_CHECKS_S="30", STUB_SLEEP="6")
     assert code == 1
     assert "not started, the deadline has come" in out and out.splitlines()[-1].endswith("not started (deadline)")
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[:1] and "_world" in
