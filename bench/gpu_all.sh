@@ -104,11 +104,11 @@ shared_checks() {
 }
 # Every program of programs/ through `torchrun -m tiledsl run` at each of PROGRAM_WORLDS (default 2 4 8;
 # 8 4 beside the checks), one torchrun a world over all of them (bench/programs_table.py), within
-# PROGRAMS_S seconds (default 480, 180 beside the checks), an equal share a world; then the table of
+# PROGRAMS_S seconds (default 480, 170 beside the checks), an equal share a world; then the table of
 # every world run into $OUT and of bench/results/*/programs_world*.json from earlier runs (a world not run
 # here), also in $OUT/programs_table.md.
 programs_stage() {
-  local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 180 || echo 480)}
+  local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 170 || echo 480)}
   local worlds_here=${PROGRAM_WORLDS:-$([ -n "$both" ] && echo "8 4" || echo "2 4 8")}
   # one world after another (never two NVSHMEM jobs at once on a shared GPU: bench/programs_table.py says
   # why), each one torchrun over every program, restarted past one that dies or hangs
