@@ -72,49 +72,53 @@ pack() {
   return 0
 }
 # Ranks sharing one GPU (a machine of one GPU; tiledsl.runtime.placement): every check suite at each of
-# SHARED_WORLDS (default 2 4 8), within SHARED_CHECKS_S seconds in all (default 480, under the device's 10
-# minutes a command). Each suite gets a soft budget (CHECKS_BUDGET_S: no check starts after it, the rest
-# print SKIP lines) and a hard limit 45 s past it; CHECKS_CALLS caps the calls of each repeated-call
+# SHARED_WORLDS (default 2 4 8), within SHARED_CHECKS_S seconds in all (default 480; 220 beside the
+# programs stage: the two fit a command of 450 s). One torchrun a world runs every suite in one process group (tests/gpu/all_checks.py:
+# the start-up is paid once; each suite has a heap of its own and a share of the world's budget), the
+# worlds taking 28, 32 and 40% of the time left after the teardown check (100 s for its five cases; 45 s
+# and TEARDOWN_CASES timeout and exit_hook beside the programs). CHECKS_CALLS caps the calls of each repeated-call
 # check (6 at world 2, 4 at world 4, 3 at world 8: a first call, then the rest back to back); the checks
 # run spread over their programs (one of each before a second of any), so a budget cut leaves no program
 # unchecked; the checks of NCCL's and torch's symmetric memory print SKIP by name.
-# With the programs stage in the same call the two share the time: 280 s here, 190 s there by default.
 both=""; case " $stages " in *" checks "*) case " $stages " in *" programs "*) both=1 ;; esac ;; esac
 shared_checks() {
-  local began=$SECONDS w calls budget suite
-  deadline=$((SECONDS + ${SHARED_CHECKS_S:-$([ -n "$both" ] && echo 280 || echo 480)}))
-  for w in ${SHARED_WORLDS:-2 4 8}; do
-    if [ -n "$both" ]; then
-      case $w in 2) calls=4 budget=5 ;; 4) calls=3 budget=6 ;; *) calls=3 budget=8 ;; esac
-    else
-      case $w in 2) calls=6 budget=12 ;; 4) calls=4 budget=12 ;; *) calls=3 budget=15 ;; esac
-    fi
-    calls=${CHECKS_CALLS:-$calls}; budget=${CHECKS_BUDGET_S:-$budget}
-    run "smoke_runtime_world$w" 60 torchrun --nproc-per-node="$w" bench/smoke_runtime.py
-    for suite in multigpu collectives moe attention ops nodes; do
-      local name="${suite}_checks_world$w" nodes=""
-      [ "$suite" = multigpu ] && name="checks_world$w"
-      [ "$suite" = nodes ] && nodes="TILEDSL_NODES=2"
-      run "$name" $((budget + 45)) env $nodes CHECKS_CALLS="$calls" CHECKS_BUDGET_S="$budget" \
-        torchrun --nproc-per-node="$w" "tests/gpu/${suite}_checks.py"
-    done
+  local began=$SECONDS w calls share percent total teardown n=0
+  total=${SHARED_CHECKS_S:-$([ -n "$both" ] && echo 220 || echo 480)}
+  teardown=$([ -n "$both" ] && echo 45 || echo 100)
+  deadline=$((SECONDS + total))
+  local worlds_here=${SHARED_WORLDS:-2 4 8}
+  for w in $worlds_here; do
+    n=$((n + 1))
+    case $w in 2) calls=6 percent=28 ;; 4) calls=4 percent=32 ;; *) calls=3 percent=40 ;; esac
+    [ "$(echo "$worlds_here" | wc -w)" -eq 1 ] && percent=100
+    calls=${CHECKS_CALLS:-$calls}
+    share=$(( (total - teardown) * percent / 100 )); [ "$share" -lt 30 ] && share=30
+    # the budget counts from the suites' start; start-up before it and the exit after take ~15 s
+    run "checks_world$w" $((share + 40)) env CHECKS_CALLS="$calls" \
+      torchrun --nproc-per-node="$w" tests/gpu/all_checks.py --budget-s $((share - 15))
   done
-  run teardown_world2 90 python3 tests/gpu/teardown_check.py  # last: 5 launches of 2 ranks, ~50 s
+  run teardown_world2 $((teardown + 60)) env TEARDOWN_CASES="${TEARDOWN_CASES:-$([ -n "$both" ] && echo timeout,exit_hook || echo timeout,bad_compile,caller_raises,launch_refused,exit_hook)}" \
+    python3 tests/gpu/teardown_check.py
   deadline=""
   echo "shared checks: $((SECONDS - began)) s"
 }
-# Every program of programs/ through `torchrun -m tiledsl run` at each of PROGRAM_WORLDS (default 2 4 8),
-# one torchrun a world over all of them (bench/programs_table.py), within PROGRAMS_S seconds
-# (default 480, 190 beside the checks), an equal share a world; then the table of them, also in
-# $OUT/programs_table.md.
+# Every program of programs/ through `torchrun -m tiledsl run` at each of PROGRAM_WORLDS (default 2 4 8;
+# 8 4 beside the checks), one torchrun a world over all of them (bench/programs_table.py), within
+# PROGRAMS_S seconds (default 480, 170 beside the checks), an equal share a world; then the table of
+# every world run into $OUT and of bench/results/*/programs_world*.json from earlier runs (a world not run
+# here), also in $OUT/programs_table.md.
 programs_stage() {
-  local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 190 || echo 480)}
+  local began=$SECONDS total=${PROGRAMS_S:-$([ -n "$both" ] && echo 170 || echo 480)}
+  local worlds_here=${PROGRAM_WORLDS:-$([ -n "$both" ] && echo "8 4" || echo "2 4 8")}
   # one world after another (never two NVSHMEM jobs at once on a shared GPU: bench/programs_table.py says
   # why), each one torchrun over every program, restarted past one that dies or hangs
-  run programs $((total + 30)) python3 bench/programs_table.py run --world ${PROGRAM_WORLDS:-2 4 8} \
-    --quiet-s "$([ -n "$both" ] && echo 35 || echo 60)" \
-    --limit-s "$total" --out "$OUT"
-  python3 bench/programs_table.py table "$OUT" | tee "$OUT/programs_table.txt"
+  # the driver writes its JSON after every program; packed every 20 s, a call cut short keeps them
+  ( while sleep 20; do pack; done ) &
+  local packer=$!
+  run programs $((total + 30)) python3 bench/programs_table.py run --world $worlds_here \
+    --quiet-s "$([ -n "$both" ] && echo 35 || echo 60)" --limit-s "$total" --out "$OUT"
+  kill "$packer" 2>/dev/null
+  python3 bench/programs_table.py table "$OUT" bench/results/*/*/programs_world*.json | tee "$OUT/programs_table.txt"
   pack
   echo "programs: $((SECONDS - began)) s"
 }

@@ -215,9 +215,12 @@ def decode_graph_check(heap, B, H, HKV, C):
     return run
 
 
-def main() -> int:
-    _, world, heap = start(2468)
-    checks = Checks()
+SEED = 2468
+
+
+def register(checks, rank: int, world: int, heap) -> None:
+    """Every check of this suite, recorded in `checks` (tests/gpu/all_checks.py runs the suites one after
+    another in one process group)."""
     record = checks.record
     for B, P, H, HKV in zigzag_shapes(world):
         record(f"sp_ag_attention B={B} P={P} H={H} HKV={HKV} (sequence {2 * world * P})",
@@ -234,6 +237,12 @@ def main() -> int:
     B, H, HKV, C = decode_shapes(world)[-1]
     record(f"flash_decode in the caller's CUDA graph B={B} H={H} HKV={HKV} C={C}",
            decode_graph_check(heap, B, H, HKV, C))
+
+
+def main() -> int:
+    rank, world, heap = start(SEED)
+    checks = Checks()
+    register(checks, rank, world, heap)
     return checks.finish(heap)
 
 

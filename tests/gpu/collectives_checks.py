@@ -156,10 +156,12 @@ def allreduce_rmsnorm_check(heap, T, D, dtype):
     return run
 
 
-def main() -> int:
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", HEAP_BYTES)
-    _, world, heap = start(4321)
-    checks = Checks()
+SEED = 4321
+
+
+def register(checks, rank: int, world: int, heap) -> None:
+    """Every check of this suite, recorded in `checks` (tests/gpu/all_checks.py runs the suites one after
+    another in one process group)."""
     record = checks.record
 
     for dtype in DTYPES:
@@ -194,6 +196,13 @@ def main() -> int:
         for T, D in RMSNORM_SHAPES:
             record(f"allreduce_rmsnorm {tag} T={T} D={D}", allreduce_rmsnorm_check(heap, T, D, dtype))
 
+
+
+def main() -> int:
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", HEAP_BYTES)
+    rank, world, heap = start(SEED)
+    checks = Checks()
+    register(checks, rank, world, heap)
     return checks.finish(heap)
 
 

@@ -31,6 +31,12 @@ NEEDS = {"nccl": "NCCL, which refuses two ranks on one GPU",
          "symm_mem": "torch's symmetric memory, which refuses ranks sharing a GPU"}
 
 
+def wait_s(seconds: float) -> float:
+    """A wait timeout for calls that must not time out: where ranks share a GPU a wait lasts until the
+    peers' kernels get their turns on it, so as many times longer as ranks share a GPU."""
+    return seconds * (placement.current().per_gpu if SHARED else 1)
+
+
 def cap_calls(n: int) -> int:
     """`n` calls, or at most CHECKS_CALLS (set where time is short: ranks sharing one GPU take turns on it)."""
     cap = os.environ.get("CHECKS_CALLS")
@@ -70,7 +76,10 @@ class Checks:
     """Each check runs on every rank; it passes only if it passed everywhere, and a failure on one rank
     is printed with its message, never hidden by the others' success."""
 
-    def __init__(self):
+    def __init__(self, deadline: float | None = None, prefix: str = ""):
+        """`deadline`: a time.monotonic() past which no check starts (else CHECKS_BUDGET_S from the
+        script's start); `prefix`: before each name printed (the suite, where several share a run)."""
+        self.prefix = prefix
         self.failures = 0
         self.ran = 0
         self.skipped = 0
@@ -82,6 +91,7 @@ class Checks:
         # print SKIP lines (a limit of time the caller sets a little under its hard one, so that the run
         # still ends with its summary)
         self.budget = float(os.environ.get("CHECKS_BUDGET_S") or "inf")
+        self.deadline = BEGAN + self.budget if deadline is None else deadline
         self.unneeded = 0   # skipped: they need what ranks sharing a GPU lack
         self.late = 0       # skipped: out of time
         # Where ranks share a GPU time is short and a budget cuts the list: the checks then run in turns,
@@ -123,11 +133,11 @@ class Checks:
             return True
         if needs is not None and SHARED:
             self.unneeded += 1
-            self._say(f"SKIP {name} -- needs {NEEDS[needs]}")
+            self._say(f"SKIP {self.prefix}{name} -- needs {NEEDS[needs]}")
             return True
         if self._out_of_time():
             self.late += 1
-            self._say(f"SKIP {name} -- out of time (CHECKS_BUDGET_S={self.budget:g})")
+            self._say(f"SKIP {self.prefix}{name} -- out of time")
             return True
         self.ran += 1
         began = time.monotonic()
@@ -143,15 +153,15 @@ class Checks:
         took = time.monotonic() - began
         detail = f" -- {took:.1f} s" if ok else \
             " -- " + next(message for passed, message in everyone if not passed) + f" ({took:.1f} s)"
-        self._say(f"{'PASS' if ok else 'FAIL'} {name}{detail}")
+        self._say(f"{'PASS' if ok else 'FAIL'} {self.prefix}{name}{detail}")
         return ok
 
     def _out_of_time(self) -> bool:
         """Rank 0's clock decides for every rank: they skip together or run together. The first check
         always runs: a suite whose start-up took its budget still shows whether it works."""
-        if self.budget == float("inf") or not self.ran:
+        if self.deadline == float("inf") or not self.ran:
             return False
-        late = [time.monotonic() - BEGAN > self.budget]
+        late = [time.monotonic() > self.deadline]
         dist.broadcast_object_list(late, src=0)
         return bool(late[0])
 
@@ -174,7 +184,7 @@ class Checks:
                 print(f"skipped {self.unneeded} checks of NCCL or torch's symmetric memory: ranks share a GPU",
                       flush=True)
             if self.late:
-                print(f"skipped {self.late} checks: out of time (CHECKS_BUDGET_S={self.budget:g})", flush=True)
+                print(f"skipped {self.late} checks: out of time", flush=True)
             if not self.ran:
                 print(f"FAIL no check ran (CHECKS_ONLY={self.only!r} matched none of {self.skipped})", flush=True)
             print(summary_line(self.ran, self.failures), flush=True)

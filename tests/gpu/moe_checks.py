@@ -354,10 +354,12 @@ def over_capacity(heap, name, make_case, world):
     return run
 
 
-def main() -> int:
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", HEAP_BYTES)
-    rank, world, heap = start(1212)
-    checks = Checks()
+SEED = 1212
+
+
+def register(checks, rank: int, world: int, heap) -> None:
+    """Every check of this suite, recorded in `checks` (tests/gpu/all_checks.py runs the suites one after
+    another in one process group)."""
     record = checks.record
 
     for n, (T, H, K, E, C) in enumerate(EP_SHAPES):
@@ -397,6 +399,13 @@ def main() -> int:
     record("ag_group_gemm over capacity raises CapacityExceeded", over_capacity(
         heap, "ag_group_gemm", partial(ag_group_gemm_case, world, rank, 64, 256, 128, 2, 4, 16, "skewed"), world), last=True)
 
+
+
+def main() -> int:
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", HEAP_BYTES)
+    rank, world, heap = start(SEED)
+    checks = Checks()
+    register(checks, rank, world, heap)
     return checks.finish(heap)
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Case, Checks, back_to_back, cap_calls, close, empty, host, start  # noqa: E402
+from harness import Case, Checks, back_to_back, cap_calls, close, empty, host, start, wait_s  # noqa: E402
 
 import tiledsl
 from tiledsl.runtime.launch import LaunchError, ScheduleTimeout
@@ -118,9 +118,12 @@ def collective_check(name, world, heap, shape_in, reference, out_shape=None, tol
     return run
 
 
-def main() -> int:
-    _, world, heap = start(1234)
-    checks = Checks()
+SEED = 1234
+
+
+def register(checks, rank: int, world: int, heap) -> None:
+    """Every check of this suite, recorded in `checks` (tests/gpu/all_checks.py runs the suites one after
+    another in one process group)."""
     record = checks.record
 
     shapes = gemm_shapes(world)
@@ -250,7 +253,7 @@ def main() -> int:
     def recovery():
         """A call that fails on one rank (a wrong tensor there) times out on the other; reset() on every
         rank puts them back in step, and the next calls are right."""
-        program = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, wait_timeout_s=0.5)
+        program = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, wait_timeout_s=wait_s(0.5))
         case = allreduce_case(8192)
         case.refresh()
         program(*case.args)
@@ -277,6 +280,12 @@ def main() -> int:
         raise AssertionError("N=32001 reached Triton's stride assertion instead of a LaunchError")
     record("N=32001 (rows not a multiple of 16 bytes) is refused by name", unaligned)
 
+
+
+def main() -> int:
+    rank, world, heap = start(SEED)
+    checks = Checks()
+    register(checks, rank, world, heap)
     return checks.finish(heap)
 
 

@@ -207,10 +207,12 @@ def one_node_program_refused(heap):
     return run
 
 
-def main() -> int:
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", HEAP_BYTES)
-    rank, world, heap = start(8642)
-    checks = Checks()
+SEED = 8642
+
+
+def register(checks, rank: int, world: int, heap) -> None:
+    """Every check of this suite, recorded in `checks` (tests/gpu/all_checks.py runs the suites one after
+    another in one process group)."""
     record = checks.record
     if heap is not None and rank == 0:
         print(f"topology: {heap.topology} ranks (TILEDSL_NODES={os.environ.get('TILEDSL_NODES', 'unset')})",
@@ -240,6 +242,13 @@ def main() -> int:
         record(f"topology {heap.topology}: no pointer to another node", topology_check(heap, world))
         if heap.topology.nodes > 1:
             record("a program written for one node is refused at launch", one_node_program_refused(heap))
+
+
+def main() -> int:
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", HEAP_BYTES)
+    rank, world, heap = start(SEED)
+    checks = Checks()
+    register(checks, rank, world, heap)
     return checks.finish(heap)
 
 

@@ -240,12 +240,16 @@ def torch_needs(impl: str) -> str | None:
     return "nccl" if impl == "torch" else None
 
 
-def main() -> int:
-    rank, world, heap = start(seed=23)
+SEED = 23
+
+
+def register(checks, rank: int, world: int, heap) -> None:
+    """Every check of this suite, run (after `checks` listed them, spread, where ranks share a GPU) before
+    what the ops decided is shown; tests/gpu/all_checks.py runs the suites one after another in one
+    process group."""
     torch.set_float32_matmul_precision("high")  # TF32, as the programs' tl.dot: the fp32 programs apply
     ops.configure(progress=False, cache_dir=os.path.join(tempfile.gettempdir(), "tiledsl_ops_checks"))
     ops.use_heap(heap)
-    checks = Checks()
     for label, op, shapes, kwargs in cases(world):
         for name in ("torch", *OPS[op].programs):  # a program by name: its default tunables
             checks.record(f"{label} bf16 via {name}",
@@ -279,6 +283,12 @@ def main() -> int:
             print(f"  {label}: {ops.decision(op)}", flush=True)
         print(ops.explain(), flush=True)
     ops.reset()
+
+
+def main() -> int:
+    rank, world, heap = start(SEED)
+    checks = Checks()
+    register(checks, rank, world, heap)
     return checks.finish(heap)
 
 

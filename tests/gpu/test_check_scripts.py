@@ -145,6 +145,12 @@ def _script_rank(rank, world, port, script, stale, results):
     harness.DEVICE = "cpu"
     module.start = lambda seed: harness.start(seed, cpu=True)
     module.CALLS = 12  # more than one round of calls back to back
+    _small(module, script, stale)
+    results.put((rank, module.main()))
+
+
+def _small(module, script, stale):
+    """A script's programs stood in for, on sizes a CPU runs in seconds."""
     module.tiledsl = type("tiledsl", (), {"compile": staticmethod(_compile(stale))})
     if script == "attention_checks":
         module.D = 16
@@ -165,7 +171,6 @@ def _script_rank(rank, world, port, script, stale, results):
         module.AUTO_NUMELS = (100, 3001)
         module.RMSNORM_SHAPES = [(1, 64), (33, 100)]
         module.gemm_ar_shapes = lambda world: [(1, 64, 48), (37, 40 * world, 50)]
-    results.put((rank, module.main()))
 
 
 def _run_script(script, stale):
@@ -201,3 +206,48 @@ def test_checks_pass_a_correct_stand_in_and_fail_a_stale_one(script, capfd):
     assert _run_script(script, stale=True) == [(0, 1), (1, 1)]
     out = capfd.readouterr().out
     assert not _lines(out, "PASS") and sorted(_lines(out, "FAIL")) == sorted(passed + failed), out
+
+
+def _all_checks_rank(rank, world, port, budget, results):
+    """tests/gpu/all_checks.py on gloo ranks posing as ranks that share a GPU, the suites' programs stood in
+    for as above."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      CHECKS_ONLY="", CHECKS_CALLS="3")
+    sys.path.insert(0, str(HERE))
+    import all_checks
+    import harness
+    from tiledsl.runtime.placement import Placement
+    harness.DEVICE = "cpu"
+
+    def start():
+        dist.init_process_group("gloo")
+        return Placement(rank, world, rank, world, 1)  # every rank on one GPU: shared
+    all_checks.placement.start = start
+    all_checks.open_heap = lambda: None
+    for script in ("multigpu_checks", "collectives_checks", "attention_checks", "nodes_checks"):
+        _small(__import__(script), script, False)
+    sys.argv = ["all_checks.py", "--suites", "programs,collectives,attention,nodes", "--budget-s", str(budget)]
+    results.put((rank, all_checks.main()))
+
+
+def test_all_checks_runs_every_suite_in_one_group_and_each_gets_its_first_check_however_short_the_time(capfd):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = 29500 + (os.getpid() + 577) % 1000
+    procs = [context.Process(target=_all_checks_rank, args=(r, 2, port, 0.01, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert got == [(0, 0), (1, 0)]
+    out = capfd.readouterr().out
+    passed = [line for line in out.splitlines() if line.startswith("PASS ")]
+    # spread: each suite's first check is the first of its first program; no time for a second
+    assert [line.split(":")[0] for line in passed] == ["PASS programs", "PASS collectives", "PASS attention",
+                                                       "PASS nodes"], out
+    assert "SKIP programs: ag_gemm sms" in out and "-- out of time" in out
+    table = out[out.index("suite "):].splitlines()
+    assert [row.split()[:3] for row in table[1:5]] == [["programs", "1", "0"], ["collectives", "1", "0"],
+                                                       ["attention", "1", "0"], ["nodes", "1", "0"]], out
+    assert table[5] == "4 run, 0 failed"
