@@ -20,12 +20,14 @@ SMALL = {"D": 16, "BM": 16, "BN": 16}
 
 
 def module_text(path, **consts) -> str:
-    return _module_text(str(path), tuple(sorted(consts.items())))
+    """The generated module of a program built with `consts` (its schedule checked once a program)."""
+    from tiledsl.codegen import lower, render
+    return render(lower(_checked(str(path)), consts))
 
 
 @functools.lru_cache(maxsize=None)
-def _module_text(path: str, consts: tuple) -> str:  # each build checks its schedule: once a build
-    return pipeline.run(path, consts=dict(consts)).module
+def _checked(path: str):
+    return pipeline.run(path, until="check").schedule
 
 
 def tile_function(text: str) -> str:
