@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "bench" / "experiments"
 B, HEADS, KV_HEADS, D = 2, 32, 8, 128
 TILE_TOKENS = tuple(int(t) for t in os.environ.get("TOKENS", "4096,8192,16384").split(","))
-SP_TOKENS = (4096, 8192)                               # tokens a rank
+SP_TOKENS = tuple(int(t) for t in os.environ.get("SP_TOKENS", "4096,8192").split(","))  # tokens a rank
 DECODE_BATCHES = (1, 8)
 DECODE_KV = (1024, 4096, 16384, 65536, 131072)         # cache positions a rank
 # DECODE="1:1024,4096;8:16384" picks the decode rows (batch: cache positions a rank), else every pair above
@@ -90,13 +91,29 @@ FULL_VARIANTS = {
     "pointers": ("attention_full", {"TMA": 0}),
 }
 # timed unless ATTENTION_VARIANTS=all: the programs' defaults and the fastest of the last GPU run
-DEFAULT_VARIANTS = {True: ("sp_tile", "split", "masked_ws"), False: ("masked", "split", "ws")}
+# (one wave of warm-up compiles): sp_ag_attention's tile; Hopper warp specialization at BN 64 and 128; the
+# split loops at BN=128 on 3 stages (fewer rescales of the accumulator a key)
+DEFAULT_VARIANTS = {True: ("sp_tile", "masked_ws", "masked_ws_BN128", "split_BN128_3stages"),
+                    False: ("split", "ws", "ws_BN128", "split_BN128_3stages")}
 # sp_ag_attention variants beside its defaults (label: consts)
 SP_VARIANTS: dict = {}  # the tile table times its builds; each SP build costs a compile of its own
 # flash_decode's slices of a rank's cache (a part tile each): the program's default, chosen from the sizes
 # (SLICES in programs/flash_decode.tds), timed beside half and twice as many (forced through its consts)
-SLICE_NEIGHBOURS = (0.5, 2)
+SLICE_NEIGHBOURS = tuple(float(f) for f in os.environ.get("SLICE_NEIGHBOURS", "0.5,2").split(",") if f)
 _said = set()
+# DEADLINE_S: no new row starts past it (seconds from the start), so that a run cut at its limit has
+# written its tables (after every row: attention_world{W}.json and attention_table.md in $OUT)
+START = time.monotonic()
+DEADLINE_S = float(os.environ.get("DEADLINE_S", "0") or 0)
+
+
+def late(what: str) -> bool:
+    """Past the deadline: `what` is skipped, and said so."""
+    if DEADLINE_S and time.monotonic() - START > DEADLINE_S:
+        if rank0():
+            print(f"  skipped (deadline {DEADLINE_S:.0f} s): {what}", flush=True)
+        return True
+    return False
 
 
 def optional(name, fn):
@@ -176,7 +193,7 @@ def warm(jobs):
         return
     import multiprocessing
     try:
-        with ProcessPoolExecutor(max_workers=min(8, len(jobs)),
+        with ProcessPoolExecutor(max_workers=min(8, len(jobs), os.cpu_count() or 1),
                                  mp_context=multiprocessing.get_context("spawn")) as pool:
             for job, error in zip(jobs, pool.map(_warm_one, jobs)):
                 if error and rank0():
@@ -187,7 +204,7 @@ def warm(jobs):
 
 
 def _warm_one(job) -> str | None:
-    name, consts = job
+    name, consts = job[0], dict(job[1])
     try:
         torch.cuda.set_device(0)
         program = tiledsl.compile(EXPERIMENTS / f"{name}.tds", **consts)
@@ -209,8 +226,7 @@ def _tile_args(name, q, k, v, out):
     return q, k, v, out
 
 
-def tile_rows(verdicts, variants_of) -> list:
-    rows = []
+def tile_rows(verdicts, variants_of, rows: list) -> list:
     from torch.nn.attention import SDPBackend
     programs = {}
     for causal in (True, False):
@@ -219,6 +235,8 @@ def tile_rows(verdicts, variants_of) -> list:
                                                lambda name=name, consts=consts: tiledsl.compile(
                                                    EXPERIMENTS / f"{name}.tds", **consts))
     for S in TILE_TOKENS:
+        if late(f"the tile at {S} tokens"):
+            break
         q = torch.randn(B, S, HEADS, D, **BF16)
         k, v = (torch.randn(B, S, KV_HEADS, D, **BF16) for _ in range(2))
         out = torch.empty_like(q)
@@ -257,8 +275,7 @@ def tile_rows(verdicts, variants_of) -> list:
                 program.release()
             row["tile"], row["tile_variant"] = best((row[f"tile_{x}"], x) for x in variants_of(causal))
             rows.append(row)
-            if rank0():
-                print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}, flush=True)
+            written(rows)
         del q, k, v, out, views, contiguous
         torch.cuda.empty_cache()
     return rows
@@ -342,11 +359,12 @@ def torch_pieces(Q, K_all, V_all, O, rank, world, backend, gqa, how="whole", sto
         O[:, z].copy_(out.transpose(1, 2))
 
 
-def sp_rows(programs, rank, world, verdicts, heap) -> list:
+def sp_rows(programs, rank, world, verdicts, heap, rows: list) -> list:
     from torch.nn.attention import SDPBackend
     import tiledsl.ops as ops
-    rows = []
     for tokens in SP_TOKENS:
+        if late(f"SP at {tokens} tokens a rank"):
+            break
         P = tokens // 2
         H, HKV = HEADS, KV_HEADS
         Q, O = torch.randn(B, 2, P, H, D, **BF16), torch.empty(B, 2, P, H, D, **BF16)
@@ -403,8 +421,7 @@ def sp_rows(programs, rank, world, verdicts, heap) -> list:
         row["ops_explain"] = optional("ops explain", lambda: "\n".join(
             line for line in ops.explain().splitlines() if "sp_attention" in line or "measured" in line))
         rows.append(row)
-        if rank0():
-            print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}, flush=True)
+        written(rows)
         for program in programs.values():
             program.release()
     return rows
@@ -473,11 +490,10 @@ class DecodePrograms:
         self.heap = heap
         path = ROOT / "programs" / "flash_decode.tds"
         self.default = tiledsl.compile(path, heap)
-        self.variants = {  # label: program (its slices are the default's)
-            "BN=128": tiledsl.compile(path, heap, BN=128),
-            "TMA": tiledsl.compile(path, heap, TMA=1),
-            "TMA, BN=128": tiledsl.compile(path, heap, TMA=1, BN=128),
-        }
+        every = {"TMA": {"TMA": 1}, "BN=128": {"BN": 128}, "TMA, BN=128": {"TMA": 1, "BN": 128}}
+        # DECODE_VARIANTS="TMA,BN=128" picks them (each a compile), default every one
+        chosen = [v for v in os.environ.get("DECODE_VARIANTS", ",".join(every)).split(",") if v in every]
+        self.variants = {label: tiledsl.compile(path, heap, **every[label]) for label in chosen}  # the default's slices
         self.forced = {}
 
     def slices(self, Bq, H, HKV, C, world) -> int:
@@ -497,10 +513,10 @@ def decode_row(programs, Bq, C, world, verdicts):
     Q, O = torch.randn(Bq, H, D, **BF16), torch.empty(Bq, H, D, **BF16)
     dist.broadcast(Q, 0)  # one query token a sequence, the same on every rank
     K, V = torch.randn(Bq, C, HKV, D, **BF16), torch.randn(Bq, C, HKV, D, **BF16)
-    Lens = torch.full((Bq,), world * C, dtype=torch.int32, device="cuda")
+    Lens = torch.full((Bq,), world * C, dtype=torch.int32, device=BF16["device"])
     want = decode_reference(Q, K, V, world)
     Kb, Vb = K.transpose(1, 2).contiguous(), V.transpose(1, 2).contiguous()  # the baseline's own layout
-    packed = torch.empty(world, Bq, H, D + 1, device="cuda")
+    packed = torch.empty(world, Bq, H, D + 1, device=BF16["device"])
     row = {"op": "decode", "world": world, "B": Bq, "kv_per_rank": C, "H": H, "HKV": HKV, "D": D,
            "kv_bytes_per_rank": 2 * Bq * C * HKV * D * 2}
     tag = f"decode B={Bq} kv={C}"
@@ -594,6 +610,16 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def written(rows) -> None:
+    """The last row printed, and every row so far as JSON and as tables (rank 0), after each row."""
+    if not rank0():
+        return
+    print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in rows[-1].items()}, flush=True)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    path = save(f"attention_world{world}", rows)
+    path.with_name("attention_table.md").write_text(table(rows) + "\n")
+
+
 def plot(rows, path):
     try:
         import matplotlib
@@ -649,22 +675,24 @@ def main() -> int:
         return table if every else {k: table[k] for k in DEFAULT_VARIANTS[causal]}
     verdicts, rows = Verdicts(), []
     if "tile" in only and world == 1:  # one GPU's attention: world-1 figures only
-        warm([v for causal in (True, False) for v in variants_of(causal).values()])
-        rows += tile_rows(verdicts, variants_of)
+        warm(list(dict.fromkeys((name, tuple(sorted(consts.items())))
+                                for causal in (True, False) for name, consts in variants_of(causal).values())))
+        tile_rows(verdicts, variants_of, rows)
     heap = open_heap()
-    if "sp" in only or "ops" in only:
+    if ("sp" in only or "ops" in only) and not late("SP and ops"):
         programs = {"sp_ag_attention": tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap),
                     "attention_local": tiledsl.compile(EXPERIMENTS / "attention_local.tds", heap)}
         for label, consts in SP_VARIANTS.items():
             programs[f"sp_ag_attention_{label}"] = tiledsl.compile(ROOT / "programs" / "sp_ag_attention.tds", heap,
                                                                    **consts)
-        rows += sp_rows(programs, rank, world, verdicts, heap)
-    if "decode" in only:
+        sp_rows(programs, rank, world, verdicts, heap, rows)
+    if "decode" in only and not late("decode"):
         decode = DecodePrograms(heap)
         for Bq, C in DECODE_ROWS:
+            if late(f"decode B={Bq} kv={C}"):
+                break
             rows.append(decode_row(decode, Bq, C, world, verdicts))
-            if rank0():
-                print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in rows[-1].items()}, flush=True)
+            written(rows)
             torch.cuda.empty_cache()
     if rank == 0:
         print(table(rows), flush=True)

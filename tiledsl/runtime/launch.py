@@ -350,7 +350,11 @@ class Program(Issuing):
                 shared[spec.name] = res[spec.name][parity]
             elif spec.name in res:
                 views[spec.name] = res[spec.name]
-        staged = [(shared[name], tensors[name]) for name in shared if name not in in_place]
+        # alone (world 1) no peer reads a staged copy, unless the kernel itself reads the tensor through its
+        # peer offsets (which lead to the copy); a copy-engine chunk's own-rank source is the caller's tensor
+        through_peers = {a.of for a in self.module.tds_ARGS if a.kind in (Kind.PEERS, Kind.SHMEM)}
+        staged = [(shared[name], tensors[name]) for name in shared if name not in in_place
+                  and (self.world > 1 or name in through_peers)]
         barrier = ()
         if self.module.tds_DISTRIBUTED and self.spans_nodes:
             topology = self.topology
