@@ -142,7 +142,7 @@ for stage in $stages; do
     attention)  # sequence-parallel prefill and distributed decode: checks, then benchmarks
       for w in ${ATTENTION_WORLDS:-$pair}; do
         run "attention_checks_world$w" 300 torchrun --nproc-per-node="$w" tests/gpu/attention_checks.py
-        run "attention_world$w" 420 torchrun --nproc-per-node="$w" bench/bench_attention.py
+        run "attention_world$w" 420 env DEADLINE_S="${DEADLINE_S:-240}" torchrun --nproc-per-node="$w" bench/bench_attention.py
         # its tables whole (run's filter keeps only lines that name ms)
         grep -E '^(\||The tile|Every tile|SP prefill|Decode|torch.s default)' "$OUT/attention_world$w.log"
       done ;;
