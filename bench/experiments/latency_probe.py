@@ -3,19 +3,20 @@
   1. floor: what a call costs with nothing in it (a CUDA graph of one tiny kernel, of three, a torch
      op on 8 KB) and HBM's pace on a 14.7 MB copy;
   2. moe: dispatch (bf16, fp8) and combine at DeepSeek-V3's routing (hidden 7168, 256 experts, top 8),
-     128 and 4096 tokens: each program and its sms(rest) variant (bench/experiments/*_rest.tds) against
-     all_to_all_single, every output checked; then one traced call of each library program (every
-     instance's start, end of waits and end on the GPU clock), summarised per family and written as
-     Perfetto JSON; and the kernels of one untraced call (torch.profiler);
+     128 and 4096 tokens: the library programs, and each with one const as it was before session 14
+     (dispatch BH=1024, combine BR=32), against all_to_all_single, every output checked; then one traced
+     call of each library program (every instance's start, end of waits and end on the GPU clock),
+     summarised per family and written as Perfetto JSON; the kernels of one untraced call
+     (torch.profiler); tiledsl.ops.moe_dispatch/moe_combine, tuned and with each path forced;
   3. products: M = 1, 8, 32, 64, 128 at N = K = 8192 and the LLaMA-3-8B / 70B decode projections at TP 2
-     and 8: torch.matmul (cuBLAS), the library's product tile (gemm.tds), gemm_ar at world 1 (its tile +
-     its reduction, which at world 1 is a copy) with its default and other blocks, and the Triton skinny
-     tiles of bench/experiments/skinny_products.py; gemm_ar's tiles traced at M = 1 and 128;
+     and 8: torch.matmul (cuBLAS), gemm_ar at world 1 (its TMA tile + its reduction, a copy at world 1)
+     and bench/experiments/gemm_ar_skinny.tds (a 16-128 row tile pipelined by cp.async, K split KS
+     ways; BM=16 also on two programs an SM); the skinny tiles traced at M = 1 and 128;
   4. call: an 8 KB all-reduce (tiledsl one-shot, two-shot, out of place from the heap), an 8 KB copy
      program, torch symm_mem two-shot and NCCL: GPU time per call back to back, host time per call,
      the program's own CUDA graph replayed with no Python in between, and each kernel's GPU time.
 
-A short table is printed last. PROBE_ONLY=moe,products,... picks sections; PROBE_BUDGET_S (default 230)
+A short table is printed last. PROBE_ONLY=moe,products,... picks sections; PROBE_BUDGET_S (default 200)
 bounds the whole run: a section that would start past it is skipped by name, so the table still prints.
 
     torchrun --nproc-per-node=1 bench/experiments/latency_probe.py
@@ -23,7 +24,6 @@ bounds the whole run: a section that would start past it is skipped by name, so 
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import os
 import statistics
@@ -39,7 +39,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import moe_baselines as base  # noqa: E402
-import skinny_products as skinny  # noqa: E402
 from common import NAN, out_dir, time_interleaved_ms, time_loop_ms  # noqa: E402
 from harness import mismatch, start  # noqa: E402
 
@@ -68,7 +67,7 @@ def decode_shapes():
 
 TABLE: list[str] = []  # the short table printed last
 BEGAN = time.monotonic()
-BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "230"))
+BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "200"))
 
 
 def say(line: str) -> None:
@@ -179,11 +178,13 @@ def trace_one(name, program, T, call_args):
     return span
 
 
-MOE_PROGRAMS = {"dispatch": PROGRAMS / "moe_dispatch.tds", "combine": PROGRAMS / "moe_combine.tds",
-                "fp8": PROGRAMS / "moe_dispatch_fp8.tds", "dispatch_rest": EXPERIMENTS / "moe_dispatch_rest.tds",
-                "combine_rest": EXPERIMENTS / "moe_combine_rest.tds",
-                "fp8_rest": EXPERIMENTS / "moe_dispatch_fp8_rest.tds"}
-PAIRS = (("dispatch", "combine"), ("dispatch_rest", "combine_rest"), ("fp8", "combine"), ("fp8_rest", "combine"))
+# key: (program, consts). The library programs, and each with one const as before session 14, to
+# show what that choice was worth in the same run
+MOE_PROGRAMS = {"dispatch": (PROGRAMS / "moe_dispatch.tds", {}), "combine": (PROGRAMS / "moe_combine.tds", {}),
+                "fp8": (PROGRAMS / "moe_dispatch_fp8.tds", {}),
+                "dispatch_BH1024": (PROGRAMS / "moe_dispatch.tds", {"BH": 1024}),
+                "combine_BR32": (PROGRAMS / "moe_combine.tds", {"BR": 32})}
+PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32"), ("fp8", "combine"))
 
 
 def moe_case(heap, T, programs, traced):
@@ -242,9 +243,9 @@ def moe_case(heap, T, programs, traced):
     for key, ms in times.items():
         say(f"moe T={T} {key:<26} {ms * 1000:9.1f} us a call")
     us = {k: times.get(k, NAN) * 1000 for k in (*MOE_PROGRAMS, "all_to_all_single (both)")}
-    TABLE.append(f"{f'moe T={T} dispatch+combine (rest variant)':<44} {us['dispatch'] + us['combine']:7.1f} us "
-                 f"({us['dispatch_rest'] + us['combine_rest']:.1f}); fp8 dispatch {us['fp8']:.1f} "
-                 f"({us['fp8_rest']:.1f}); a2a {us['all_to_all_single (both)']:.1f}")
+    TABLE.append(f"{f'moe T={T} dispatch+combine = d + c':<44} {us['dispatch'] + us['combine']:7.1f} = "
+                 f"{us['dispatch']:.1f} + {us['combine']:.1f} us; fp8 dispatch {us['fp8']:.1f}; "
+                 f"a2a {us['all_to_all_single (both)']:.1f}")
     # where the time goes: the kernels of one call, then every instance of a traced call
     for key in ("dispatch", "combine", "fp8"):
         if key in timed:
@@ -255,27 +256,76 @@ def moe_case(heap, T, programs, traced):
         guarded(f"trace {key} T={T}", lambda key=key, program=program: trace_one(key, program, T, args[key]))
 
 
+def ops_path(heap, T):
+    """tiledsl.ops.moe_dispatch / moe_combine: the tuned choice, and each path forced, per call."""
+    import tiledsl.ops as ops
+    ops.use_heap(heap)
+    X = torch.randn(T, H, device="cuda", dtype=BF16)
+    ids = torch.rand(T, NE, device="cuda").topk(TOPK, dim=1).indices.to(torch.int32)
+    w = torch.softmax(torch.randn(T, TOPK, device="cuda"), dim=1)
+    C = max(64, math.ceil(int(torch.bincount(ids.flatten().long(), minlength=NE).max()) / 64) * 64)
+    fns = {}
+    for impl in (None, "torch", "moe_dispatch"):
+        label = impl or "tuned"
+        fns[f"ops dispatch ({label})"] = lambda impl=impl: ops.moe_dispatch(X, ids, NE, C, impl=impl)
+    recv, _ = ops.moe_dispatch(X, ids, NE, C, impl="torch")
+    for impl in (None, "torch", "moe_combine"):
+        label = impl or "tuned"
+        fns[f"ops combine ({label})"] = lambda impl=impl: ops.moe_combine(recv, ids, w, impl=impl)
+    for fn in fns.values():
+        fn()
+    times = time_interleaved_ms(fns, windows=5, calls=10, warmup=2)
+    for key, ms in times.items():
+        say(f"moe T={T} {key:<30} {ms * 1000:9.1f} us a call")
+    say(f"ops explain: {ops.explain()}"[:1500])
+    TABLE.append(f"{f'moe T={T} ops dispatch/combine tuned vs torch':<44} "
+                 f"{times['ops dispatch (tuned)'] * 1000:.1f}/{times['ops combine (tuned)'] * 1000:.1f} us vs "
+                 f"{times['ops dispatch (torch)'] * 1000:.1f}/{times['ops combine (torch)'] * 1000:.1f}")
+
+
 def moe_section(heap):
-    programs = {k: guarded(f"compile {k}", lambda p=p: tiledsl.compile(p, heap), None) for k, p in MOE_PROGRAMS.items()}
+    programs = {k: guarded(f"compile {k}", lambda p=p, c=c: tiledsl.compile(p, heap, **c), None)
+                for k, (p, c) in MOE_PROGRAMS.items()}
     programs = {k: p for k, p in programs.items() if p is not None}
-    traced = {k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k], heap, trace=True), None)
-              for k in ("dispatch", "combine", "fp8")}
+    traced = {k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k][0], heap, trace=True),
+                         None) for k in ("dispatch", "combine", "fp8")}
     traced = {k: p for k, p in traced.items() if p is not None}
     for T in (128, 4096):
         if over_budget(f"moe T={T}"):
             return
         moe_case(heap, T, programs, traced)
+    if not over_budget("moe ops path"):
+        guarded("moe ops path", lambda: ops_path(heap, 128))
 
 
 # ---- 3. skinny products ------------------------------------------------------------------------------
 
+SKINNY = EXPERIMENTS / "gemm_ar_skinny.tds"
+
+
+def skinny_consts(M: int, N: int, K: int, sms: int, BN: int = 64, BK: int = 128) -> dict:
+    """The skinny tile's rows (16 for M <= 16, else 64 or 128: one row block, B streamed once) and the
+    split of K that gives the SMs about two tiles each (each split at least 4 steps of BK)."""
+    BM = 16 if M <= 16 else 64 if M <= 64 else 128
+    tiles = math.ceil(M / BM) * math.ceil(N / BN)
+    KS = 1
+    while KS < 16 and tiles * KS * 2 <= 2 * sms and K % (2 * KS * BK) == 0 and K // (2 * KS * BK) >= 4:
+        KS *= 2
+    return {"BM": BM, "BN": BN, "BK": BK, "KS": KS}
+
+
 def products_section(heap):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    gemm = guarded("compile gemm.tds", lambda: tiledsl.compile(PROGRAMS / "gemm.tds", heap), None)
-    gemm_ar = {"gemm_ar": {}, "gemm_ar_BN64": {"BN": 64}, "gemm_ar_BN64_6st": {"BN": 64, "num_stages": 6}}
-    gemm_ar = {k: guarded(f"compile {k}", lambda o=o: tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, **o), None)
-               for k, o in gemm_ar.items()}
-    worst = {}
+    library = guarded("compile gemm_ar.tds", lambda: tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap), None)
+    compiled = {}
+
+    def skinny(consts, **options):
+        key = tuple(sorted(consts.items())) + tuple(sorted(options.items()))
+        if key not in compiled:
+            compiled[key] = guarded(f"compile skinny {consts} {options}",
+                                    lambda: tiledsl.compile(SKINNY, heap, **consts, **options), None)
+        return compiled[key]
+    worst, rows = {}, []
     for shape_name, (N, K) in decode_shapes().items():
         for M in GEMM_M:
             if over_budget(f"products {shape_name} M={M}"):
@@ -284,42 +334,47 @@ def products_section(heap):
             B = torch.randn(K, N, device="cuda", dtype=BF16) * K ** -0.5
             C = torch.full((M, N), NAN, device="cuda", dtype=BF16)
             want = A.float() @ B.float()
+            consts = skinny_consts(M, N, K, sms)
             fns = {"cublas": lambda: torch.matmul(A, B, out=C)}
-            if gemm is not None:
-                fns["gemm.tds"] = lambda: gemm(A, B, C, check=False)
-            for key, program in gemm_ar.items():
+            if library is not None:
+                fns["gemm_ar"] = lambda: library(A, B, C, check=False)
+            variants = {"skinny": skinny(consts)}
+            if consts["BM"] == 16:  # 61 KB of shared memory: three programs fit an SM, all resident
+                variants["skinny_2x"] = skinny(consts, num_sms=2 * sms)
+            for key, program in variants.items():
                 if program is not None:
                     fns[key] = lambda program=program: program(A, B, C, check=False)
-            for config in skinny.configs(M, N, K, sms):
-                f = skinny.Skinny(M, N, K, config)
-                fns[f"triton {config}"] = lambda f=f: f(A, B, C)
             checked = {}
             for key, fn in fns.items():
                 C.fill_(NAN)
                 if guarded(f"{key} {shape_name} M={M}", lambda fn=fn: (fn(), fn(), fn(), torch.cuda.synchronize())
                            and ok(f"{key} {shape_name} M={M}", C, want), False):
                     checked[key] = fn
+            for key, program in variants.items():
+                if key in checked:
+                    guarded(f"check {key}", program.check)
             times = time_interleaved_ms(checked, windows=5, calls=20, warmup=3)
             cublas = times["cublas"]
-            best_triton = min(((ms, k) for k, ms in times.items() if k.startswith("triton")), default=(NAN, None))
-            gb = 2 * K * N / cublas / 1e6
-            cells = ", ".join(f"{k} {ms * 1000:.1f}" for k, ms in times.items() if not k.startswith("triton"))
-            say(f"product {shape_name:<16} M={M:<3} N={N:<5} K={K:<5}: {cells} us; cuBLAS {gb:.0f} GB/s; "
-                f"best triton {best_triton[0] * 1000:.1f} us ({best_triton[1]})")
+            best = min((ms for k, ms in times.items() if k.startswith("skinny")), default=NAN)
+            cells = ", ".join(f"{k} {ms * 1000:.1f}" for k, ms in times.items())
+            say(f"product {shape_name:<16} M={M:<3} N={N:<5} K={K:<5} {consts}: {cells} us; "
+                f"skinny best / cuBLAS {best / cublas:.2f}")
             for key, ms in times.items():
-                group = "triton best" if key.startswith("triton") else key
-                ratio = ms / cublas
-                if key.startswith("triton"):
-                    ratio = best_triton[0] / cublas
-                worst[group] = max(worst.get(group, 0), ratio)
+                worst[key] = max(worst.get(key, 0), ms / cublas)
+            worst["skinny best"] = max(worst.get("skinny best", 0), best / cublas)
+            rows.append(best / cublas)
             del A, B, C, want
-    TABLE.append(f"{'products, worst time / cuBLAS over 85 points':<44} " +
-                 ", ".join(f"{k} {v:.2f}x" for k, v in worst.items() if k != "cublas"))
+    met = sum(r <= 1.1 for r in rows)
+    TABLE.append(f"{f'products: worst / cuBLAS ({len(rows)} points)':<44} " +
+                 ", ".join(f"{k} {v:.2f}x" for k, v in worst.items() if k != "cublas") +
+                 f"; skinny best <= 1.1x at {met} of {len(rows)}")
 
 
 def gemm_ar_traces(heap):
-    program = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, trace=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for M in (1, 128):
+        consts = skinny_consts(M, 8192, 8192, sms)
+        program = tiledsl.compile(SKINNY, heap, trace=True, **consts)
         A = torch.randn(M, 8192, device="cuda", dtype=BF16)
         B = torch.randn(8192, 8192, device="cuda", dtype=BF16)
         C = torch.empty(M, 8192, device="cuda", dtype=BF16)
@@ -328,9 +383,9 @@ def gemm_ar_traces(heap):
         found = timeline.events(program)
         mm = [e for e in found if e.family == "mm"]
         busy = statistics.median(e.end_us - e.waited_us for e in mm)
-        strip = 8192 * 128 * 2  # bytes of B one tile streams (BN = 128)
-        say(f"trace gemm_ar M={M}: {len(mm)} mm tiles, median {busy:.1f} us each ({strip / busy / 1e3:.1f} GB/s a "
-            f"program); span {max(e.end_us for e in found) - min(e.start_us for e in found):.1f} us")
+        strip = 8192 // consts["KS"] * consts["BN"] * 2  # bytes of B one tile streams
+        say(f"trace gemm_ar_skinny M={M} {consts}: {len(mm)} mm tiles, median {busy:.1f} us each "
+            f"({strip / busy / 1e3:.1f} GB/s a tile); span {max(e.end_us for e in found) - min(e.start_us for e in found):.1f} us")
         for line in family_lines(found):
             say(line)
 
