@@ -4,7 +4,7 @@
      op on 8 KB) and HBM's pace on a 14.7 MB copy;
   2. moe: dispatch (bf16, fp8) and combine at DeepSeek-V3's routing (hidden 7168, 256 experts, top 8),
      128 and 4096 tokens: the library programs, and each with one const as it was before session 14
-     (dispatch BH=1024, combine BR=32), against all_to_all_single, every output checked; then one traced
+     (dispatch BH=1024, combine BR=32 and BH=1024), against all_to_all_single, every output checked; then one traced
      call of each library program (every instance's start, end of waits and end on the GPU clock),
      summarised per family and written as Perfetto JSON; the kernels of one untraced call
      (torch.profiler); tiledsl.ops.moe_dispatch/moe_combine, tuned and with each path forced;
@@ -65,9 +65,21 @@ def decode_shapes():
     return shapes
 
 
-TABLE: list[str] = []  # the short table printed last
+class _Table(list):
+    """The short table printed last; each row also printed when it is made (a run stopped at its time
+    limit still leaves the rows it reached)."""
+
+    def append(self, row: str) -> None:
+        super().append(row)
+        print(f"TABLE {row}", flush=True)
+
+
+TABLE = _Table()
 BEGAN = time.monotonic()
-BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "200"))
+QUICK = os.environ.get("PROBE_QUICK") == "1"
+BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "42" if QUICK else "200"))
+# round 2 of issue 27 has a 60 s slot: `PROBE_QUICK=1` runs the call, MoE at 128 and 4096 tokens (library
+# programs), the skinny products at N = K = 8192 and the smallest decode N, then the 8 KB call
 
 
 def say(line: str) -> None:
@@ -183,8 +195,8 @@ def trace_one(name, program, T, call_args):
 MOE_PROGRAMS = {"dispatch": (PROGRAMS / "moe_dispatch.tds", {}), "combine": (PROGRAMS / "moe_combine.tds", {}),
                 "fp8": (PROGRAMS / "moe_dispatch_fp8.tds", {}),
                 "dispatch_BH1024": (PROGRAMS / "moe_dispatch.tds", {"BH": 1024}),
-                "combine_BR32": (PROGRAMS / "moe_combine.tds", {"BR": 32})}
-PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32"), ("fp8", "combine"))
+                "combine_BR32_BH1024": (PROGRAMS / "moe_combine.tds", {"BR": 32, "BH": 1024})}
+PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32_BH1024"), ("fp8", "combine"))
 
 
 def moe_case(heap, T, programs, traced):
@@ -239,7 +251,7 @@ def moe_case(heap, T, programs, traced):
     a2a()
     if ok(f"all_to_all_single T={T}", result["o"], want):
         timed["all_to_all_single (both)"] = a2a
-    times = time_interleaved_ms(timed, windows=7)
+    times = time_interleaved_ms(timed, windows=4 if QUICK else 7, calls=10 if QUICK else 20)
     for key, ms in times.items():
         say(f"moe T={T} {key:<26} {ms * 1000:9.1f} us a call")
     us = {k: times.get(k, NAN) * 1000 for k in (*MOE_PROGRAMS, "all_to_all_single (both)")}
@@ -247,7 +259,7 @@ def moe_case(heap, T, programs, traced):
                  f"{us['dispatch']:.1f} + {us['combine']:.1f} us; fp8 dispatch {us['fp8']:.1f}; "
                  f"a2a {us['all_to_all_single (both)']:.1f}")
     # where the time goes: the kernels of one call, then every instance of a traced call
-    for key in ("dispatch", "combine", "fp8"):
+    for key in () if QUICK else ("dispatch", "combine", "fp8"):
         if key in timed:
             say(f"moe T={T} {key} kernels: {guarded(f'profile {key}', lambda key=key: kernels_of(timed[key]), '?')}")
     for key, program in traced.items():
@@ -284,17 +296,19 @@ def ops_path(heap, T):
 
 
 def moe_section(heap):
+    keys = ("dispatch", "combine", "fp8") if QUICK else tuple(MOE_PROGRAMS)
     programs = {k: guarded(f"compile {k}", lambda p=p, c=c: tiledsl.compile(p, heap, **c), None)
-                for k, (p, c) in MOE_PROGRAMS.items()}
+                for k, (p, c) in MOE_PROGRAMS.items() if k in keys}
     programs = {k: p for k, p in programs.items() if p is not None}
-    traced = {k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k][0], heap, trace=True),
-                         None) for k in ("dispatch", "combine", "fp8")}
+    traced = {} if QUICK else {
+        k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k][0], heap, trace=True), None)
+        for k in ("dispatch", "combine", "fp8")}
     traced = {k: p for k, p in traced.items() if p is not None}
     for T in (128, 4096):
         if over_budget(f"moe T={T}"):
             return
         moe_case(heap, T, programs, traced)
-    if not over_budget("moe ops path"):
+    if not QUICK and not over_budget("moe ops path"):
         guarded("moe ops path", lambda: ops_path(heap, 128))
 
 
@@ -316,7 +330,9 @@ def skinny_consts(M: int, N: int, K: int, sms: int, BN: int = 64, BK: int = 128)
 
 def products_section(heap):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    library = guarded("compile gemm_ar.tds", lambda: tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap), None)
+    # gemm_ar's TMA tile: 3.2-4.9x cuBLAS in round 1; left out of the quick run (a compile)
+    library = None if QUICK else guarded("compile gemm_ar.tds", lambda: tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap),
+                                         None)
     compiled = {}
 
     def skinny(consts, **options):
@@ -326,44 +342,51 @@ def products_section(heap):
                                     lambda: tiledsl.compile(SKINNY, heap, **consts, **options), None)
         return compiled[key]
     worst, rows = {}, []
-    for shape_name, (N, K) in decode_shapes().items():
-        for M in GEMM_M:
-            if over_budget(f"products {shape_name} M={M}"):
-                return
-            A = torch.randn(M, K, device="cuda", dtype=BF16)
-            B = torch.randn(K, N, device="cuda", dtype=BF16) * K ** -0.5
-            C = torch.full((M, N), NAN, device="cuda", dtype=BF16)
-            want = A.float() @ B.float()
-            consts = skinny_consts(M, N, K, sms)
-            fns = {"cublas": lambda: torch.matmul(A, B, out=C)}
-            if library is not None:
-                fns["gemm_ar"] = lambda: library(A, B, C, check=False)
-            variants = {"skinny": skinny(consts)}
-            if consts["BM"] == 16:  # 61 KB of shared memory: three programs fit an SM, all resident
-                variants["skinny_2x"] = skinny(consts, num_sms=2 * sms)
-            for key, program in variants.items():
-                if program is not None:
-                    fns[key] = lambda program=program: program(A, B, C, check=False)
-            checked = {}
-            for key, fn in fns.items():
-                C.fill_(NAN)
-                if guarded(f"{key} {shape_name} M={M}", lambda fn=fn: (fn(), fn(), fn(), torch.cuda.synchronize())
-                           and ok(f"{key} {shape_name} M={M}", C, want), False):
-                    checked[key] = fn
-            for key, program in variants.items():
-                if key in checked:
-                    guarded(f"check {key}", program.check)
-            times = time_interleaved_ms(checked, windows=5, calls=20, warmup=3)
-            cublas = times["cublas"]
-            best = min((ms for k, ms in times.items() if k.startswith("skinny")), default=NAN)
-            cells = ", ".join(f"{k} {ms * 1000:.1f}" for k, ms in times.items())
-            say(f"product {shape_name:<16} M={M:<3} N={N:<5} K={K:<5} {consts}: {cells} us; "
-                f"skinny best / cuBLAS {best / cublas:.2f}")
-            for key, ms in times.items():
-                worst[key] = max(worst.get(key, 0), ms / cublas)
-            worst["skinny best"] = max(worst.get("skinny best", 0), best / cublas)
-            rows.append(best / cublas)
-            del A, B, C, want
+    shapes = decode_shapes()
+    points = [(name, M) for name in shapes for M in GEMM_M]
+    if QUICK:  # the square shape at every M, then the smallest N (K split 8 ways)
+        points = [("square 8192", M) for M in GEMM_M] + [("70B QKV tp8", 1), ("70B QKV tp8", 8)]
+    for shape_name, M in points:
+        N, K = shapes[shape_name]
+        if over_budget(f"products {shape_name} M={M}"):
+            return
+        A = torch.randn(M, K, device="cuda", dtype=BF16)
+        B = torch.randn(K, N, device="cuda", dtype=BF16) * K ** -0.5
+        C = torch.full((M, N), NAN, device="cuda", dtype=BF16)
+        want = A.float() @ B.float()
+        consts = skinny_consts(M, N, K, sms)
+        fns = {"cublas": lambda: torch.matmul(A, B, out=C)}
+        if library is not None:
+            fns["gemm_ar"] = lambda: library(A, B, C, check=False)
+        variants = {"skinny": skinny(consts)}
+        if consts["BM"] == 16 and not QUICK:  # 61 KB of shared memory: three programs fit an SM
+            variants["skinny_2x"] = skinny(consts, num_sms=2 * sms)
+        for key, program in variants.items():
+            if program is not None:
+                fns[key] = lambda program=program: program(A, B, C, check=False)
+        checked = {}
+        for key, fn in fns.items():
+            C.fill_(NAN)
+            if guarded(f"{key} {shape_name} M={M}", lambda fn=fn: (fn(), fn(), fn(), torch.cuda.synchronize())
+                       and ok(f"{key} {shape_name} M={M}", C, want), False):
+                checked[key] = fn
+        for key, program in variants.items():
+            if key in checked:
+                guarded(f"check {key}", program.check)
+        times = time_interleaved_ms(checked, windows=3 if QUICK else 5, calls=20, warmup=3)
+        cublas = times["cublas"]
+        best = min((ms for k, ms in times.items() if k.startswith("skinny")), default=NAN)
+        cells = ", ".join(f"{k} {ms * 1000:.1f}" for k, ms in times.items())
+        say(f"product {shape_name:<16} M={M:<3} N={N:<5} K={K:<5} {consts}: {cells} us; "
+            f"skinny best / cuBLAS {best / cublas:.2f}")
+        for key, ms in times.items():
+            worst[key] = max(worst.get(key, 0), ms / cublas)
+        worst["skinny best"] = max(worst.get("skinny best", 0), best / cublas)
+        rows.append(best / cublas)
+        if QUICK:
+            TABLE.append(f"{f'product {shape_name} M={M}':<44} skinny {best * 1000:.1f} us, cuBLAS "
+                         f"{cublas * 1000:.1f}, gemm_ar {times.get('gemm_ar', NAN) * 1000:.1f} ({best / cublas:.2f}x)")
+        del A, B, C, want
     met = sum(r <= 1.1 for r in rows)
     TABLE.append(f"{f'products: worst / cuBLAS ({len(rows)} points)':<44} " +
                  ", ".join(f"{k} {v:.2f}x" for k, v in worst.items() if k != "cublas") +
@@ -402,13 +425,29 @@ def host_us(fn, calls=200) -> float:
     return spent
 
 
+def raw_launch(graph):
+    """The graph launched through the CUDA runtime directly (cuda.bindings), not torch's replay(): what
+    a call costs without torch's wrapper. The executable graph's handle needs a graph kept by torch."""
+    from cuda.bindings import runtime as cudart
+    handle = cudart.cudaGraphExec_t(int(graph.raw_cuda_graph_exec()))
+    stream = cudart.cudaStream_t(torch.cuda.current_stream().cuda_stream)
+
+    def launch():
+        error, = cudart.cudaGraphLaunch(handle, stream)
+        if error != cudart.cudaError_t.cudaSuccess:
+            raise RuntimeError(f"cudaGraphLaunch: {error}")
+    launch()
+    torch.cuda.synchronize()
+    return launch
+
+
 def call_section(heap):
     group = dist.group.WORLD.group_name
     fresh = torch.randn(4096, device="cuda", dtype=BF16) * 2.0 ** -100
     x = fresh.clone()
     y = torch.empty_like(x)
     one = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, num_warps=16)
-    two = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap)
+    two = None if QUICK else tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap)
     out_of_place = tiledsl.compile(PROGRAMS / "allreduce_out.tds", heap, num_warps=16)
     copy = tiledsl.compile(PROGRAMS / "copy.tds", heap)
     hx = tiledsl.empty(4096, BF16, heap=heap)
@@ -417,6 +456,8 @@ def call_section(heap):
            "tiledsl two-shot (X staged)": lambda: two(x, check=False),
            "tiledsl out of place, X on heap": lambda: out_of_place(hx, y, check=False),
            "tiledsl copy.tds 8 KB": lambda: copy(fresh, y, check=False)}
+    if two is None:
+        del fns["tiledsl two-shot (X staged)"]
     for key, fn in list(fns.items()):  # right first (world 1: the sum is the input), then the graph exists
         x.copy_(fresh)
         fn()
@@ -437,10 +478,16 @@ def call_section(heap):
     programs = {"tiledsl one-shot (X staged)": one, "tiledsl two-shot (X staged)": two,
                 "tiledsl out of place, X on heap": out_of_place, "tiledsl copy.tds 8 KB": copy}
     graphs = {f"{k}: graph only": g.replay for k, p in programs.items() if k in fns and (g := prepared_graph(p))}
-    loop = time_interleaved_ms({**fns, **graphs}, windows=9)
+    launch = guarded("cudaGraphLaunch", lambda: raw_launch(prepared_graph(copy)), None)
+    if launch is not None:
+        graphs["tiledsl copy.tds 8 KB: cudaGraphLaunch"] = launch
+    if QUICK:
+        for key in ("torch symm_mem one-shot", "nccl all_reduce"):
+            fns.pop(key, None)
+    loop = time_interleaved_ms({**fns, **graphs}, windows=5 if QUICK else 9)
     for key, ms in loop.items():
         host = host_us(fns[key]) if key in fns else host_us(graphs[key])
-        kernels = guarded(f"profile {key}", lambda key=key: kernels_of(fns.get(key) or graphs[key]), "?")
+        kernels = "" if QUICK else guarded(f"profile {key}", lambda key=key: kernels_of(fns.get(key) or graphs[key]), "?")
         say(f"call {key:<44} {ms * 1000:6.2f} us back to back; host {host:6.2f} us a call; {kernels}")
     symm2 = loop.get("torch symm_mem two-shot", NAN)
     TABLE.append(f"{'8 KB all-reduce one-shot / heap / symm 2-shot':<44} "
@@ -451,14 +498,16 @@ def call_section(heap):
 
 
 def main() -> int:
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(24 << 30))
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str((6 if QUICK else 24) << 30))
     _, world, heap = start(27)
     if world != 1:
         raise SystemExit("latency_probe.py is made for world 1 (one GPU): torchrun --nproc-per-node=1")
     only = [s for s in os.environ.get("PROBE_ONLY", "").split(",") if s]
-    sections = {"floor": lambda: floor_section(), "moe": lambda: moe_section(heap),
-                "call": lambda: call_section(heap), "gemm_ar_trace": lambda: gemm_ar_traces(heap),
-                "products": lambda: products_section(heap)}
+    sections = {"moe": lambda: moe_section(heap), "call": lambda: call_section(heap),
+                "products": lambda: products_section(heap), "gemm_ar_trace": lambda: gemm_ar_traces(heap),
+                "floor": lambda: floor_section()}
+    if QUICK:
+        del sections["gemm_ar_trace"], sections["floor"]
     for name, run in sections.items():
         if only and name not in only:
             continue

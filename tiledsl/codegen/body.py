@@ -21,8 +21,9 @@ from tiledsl.tables import DTYPES, FUNCTIONS
 BLOCK_1D = 8192          # elements per step of a 1-D chunk copy
 FP8 = "float8_e4m3fn"
 BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of bf16 in flight
-# bytes per step of a copy of whole rows, run as one flat range: 16 K elements of bf16, 32 K of fp8
-BLOCK_FLAT_BYTES = 32768
+# a step of a copy of whole rows, run as one flat range: 32 KB, and at most 16 K elements (128 a thread
+# on 4 warps; 32 K of fp8 took moe_dispatch_fp8 past 255 registers)
+BLOCK_FLAT_BYTES, BLOCK_FLAT_MOST = 32768, 16384
 
 
 class LoweringError(Exception):
@@ -649,7 +650,8 @@ def _chunk_statement(schedule, family, kernel, source, target, rows, cols) -> St
         # took 28 steps of mostly masked lanes, each a round trip to memory; flat, it takes 2.
         itemsize = max(DTYPES[schedule.tensors[r.tensor].dtype].torch.itemsize for r in (source, target))
         return Copy(_flat_place(schedule, source, kernel), _flat_place(schedule, target, kernel), rows * cols,
-                    None, (BLOCK_FLAT_BYTES // itemsize,), family.split, family.reduce == "add")
+                    None, (min(BLOCK_FLAT_MOST, BLOCK_FLAT_BYTES // itemsize),), family.split,
+                    family.reduce == "add")
     block = BLOCK_2D if cols is not None else (BLOCK_1D,)
     return Copy(_copy_place(schedule, source, kernel), _copy_place(schedule, target, kernel), rows, cols, block,
                 family.split, family.reduce == "add")
