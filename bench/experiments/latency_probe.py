@@ -3,19 +3,20 @@
   1. floor: what a call costs with nothing in it (a CUDA graph of one tiny kernel, of three, a torch
      op on 8 KB) and HBM's pace on a 14.7 MB copy;
   2. moe: dispatch (bf16, fp8) and combine at DeepSeek-V3's routing (hidden 7168, 256 experts, top 8),
-     128 and 4096 tokens: each program and its sms(rest) variant (bench/experiments/*_rest.tds) against
-     all_to_all_single, every output checked; then one traced call of each library program (every
-     instance's start, end of waits and end on the GPU clock), summarised per family and written as
-     Perfetto JSON; and the kernels of one untraced call (torch.profiler);
+     128 and 4096 tokens: the library programs, and each with one const as it was before session 14
+     (dispatch BH=1024, combine BR=32 and BH=1024), against all_to_all_single, every output checked; then one traced
+     call of each library program (every instance's start, end of waits and end on the GPU clock),
+     summarised per family and written as Perfetto JSON; the kernels of one untraced call
+     (torch.profiler); tiledsl.ops.moe_dispatch/moe_combine, tuned and with each path forced;
   3. products: M = 1, 8, 32, 64, 128 at N = K = 8192 and the LLaMA-3-8B / 70B decode projections at TP 2
-     and 8: torch.matmul (cuBLAS), the library's product tile (gemm.tds), gemm_ar at world 1 (its tile +
-     its reduction, which at world 1 is a copy) with its default and other blocks, and the Triton skinny
-     tiles of bench/experiments/skinny_products.py; gemm_ar's tiles traced at M = 1 and 128;
+     and 8: torch.matmul (cuBLAS), gemm_ar at world 1 (its TMA tile + its reduction, a copy at world 1)
+     and bench/experiments/gemm_ar_skinny.tds (a 16-128 row tile pipelined by cp.async, K split KS
+     ways; BM=16 also on two programs an SM); the skinny tiles traced at M = 1 and 128;
   4. call: an 8 KB all-reduce (tiledsl one-shot, two-shot, out of place from the heap), an 8 KB copy
      program, torch symm_mem two-shot and NCCL: GPU time per call back to back, host time per call,
      the program's own CUDA graph replayed with no Python in between, and each kernel's GPU time.
 
-A short table is printed last. PROBE_ONLY=moe,products,... picks sections; PROBE_BUDGET_S (default 230)
+A short table is printed last. PROBE_ONLY=moe,products,... picks sections; PROBE_BUDGET_S (default 200)
 bounds the whole run: a section that would start past it is skipped by name, so the table still prints.
 
     torchrun --nproc-per-node=1 bench/experiments/latency_probe.py
@@ -23,7 +24,6 @@ bounds the whole run: a section that would start past it is skipped by name, so 
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import os
 import statistics
@@ -39,7 +39,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import moe_baselines as base  # noqa: E402
-import skinny_products as skinny  # noqa: E402
 from common import NAN, out_dir, time_interleaved_ms, time_loop_ms  # noqa: E402
 from harness import mismatch, start  # noqa: E402
 
@@ -66,9 +65,21 @@ def decode_shapes():
     return shapes
 
 
-TABLE: list[str] = []  # the short table printed last
+class _Table(list):
+    """The short table printed last; each row also printed when it is made (a run stopped at its time
+    limit still leaves the rows it reached)."""
+
+    def append(self, row: str) -> None:
+        super().append(row)
+        print(f"TABLE {row}", flush=True)
+
+
+TABLE = _Table()
 BEGAN = time.monotonic()
-BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "230"))
+QUICK = os.environ.get("PROBE_QUICK") == "1"
+BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "42" if QUICK else "200"))
+# round 2 of issue 27 has a 60 s slot: `PROBE_QUICK=1` runs the call, MoE at 128 and 4096 tokens (library
+# programs), the skinny products at N = K = 8192 and the smallest decode N, then the 8 KB call
 
 
 def say(line: str) -> None:
@@ -179,11 +190,13 @@ def trace_one(name, program, T, call_args):
     return span
 
 
-MOE_PROGRAMS = {"dispatch": PROGRAMS / "moe_dispatch.tds", "combine": PROGRAMS / "moe_combine.tds",
-                "fp8": PROGRAMS / "moe_dispatch_fp8.tds", "dispatch_rest": EXPERIMENTS / "moe_dispatch_rest.tds",
-                "combine_rest": EXPERIMENTS / "moe_combine_rest.tds",
-                "fp8_rest": EXPERIMENTS / "moe_dispatch_fp8_rest.tds"}
-PAIRS = (("dispatch", "combine"), ("dispatch_rest", "combine_rest"), ("fp8", "combine"), ("fp8_rest", "combine"))
+# key: (program, consts). The library programs, and each with one const as before session 14, to
+# show what that choice was worth in the same run
+MOE_PROGRAMS = {"dispatch": (PROGRAMS / "moe_dispatch.tds", {}), "combine": (PROGRAMS / "moe_combine.tds", {}),
+                "fp8": (PROGRAMS / "moe_dispatch_fp8.tds", {}),
+                "dispatch_BH1024": (PROGRAMS / "moe_dispatch.tds", {"BH": 1024}),
+                "combine_BR32_BH1024": (PROGRAMS / "moe_combine.tds", {"BR": 32, "BH": 1024})}
+PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32_BH1024"), ("fp8", "combine"))
 
 
 def moe_case(heap, T, programs, traced):
@@ -238,15 +251,15 @@ def moe_case(heap, T, programs, traced):
     a2a()
     if ok(f"all_to_all_single T={T}", result["o"], want):
         timed["all_to_all_single (both)"] = a2a
-    times = time_interleaved_ms(timed, windows=7)
+    times = time_interleaved_ms(timed, windows=4 if QUICK else 7, calls=10 if QUICK else 20)
     for key, ms in times.items():
         say(f"moe T={T} {key:<26} {ms * 1000:9.1f} us a call")
     us = {k: times.get(k, NAN) * 1000 for k in (*MOE_PROGRAMS, "all_to_all_single (both)")}
-    TABLE.append(f"{f'moe T={T} dispatch+combine (rest variant)':<44} {us['dispatch'] + us['combine']:7.1f} us "
-                 f"({us['dispatch_rest'] + us['combine_rest']:.1f}); fp8 dispatch {us['fp8']:.1f} "
-                 f"({us['fp8_rest']:.1f}); a2a {us['all_to_all_single (both)']:.1f}")
+    TABLE.append(f"{f'moe T={T} dispatch+combine = d + c':<44} {us['dispatch'] + us['combine']:7.1f} = "
+                 f"{us['dispatch']:.1f} + {us['combine']:.1f} us; fp8 dispatch {us['fp8']:.1f}; "
+                 f"a2a {us['all_to_all_single (both)']:.1f}")
     # where the time goes: the kernels of one call, then every instance of a traced call
-    for key in ("dispatch", "combine", "fp8"):
+    for key in () if QUICK else ("dispatch", "combine", "fp8"):
         if key in timed:
             say(f"moe T={T} {key} kernels: {guarded(f'profile {key}', lambda key=key: kernels_of(timed[key]), '?')}")
     for key, program in traced.items():
@@ -255,71 +268,136 @@ def moe_case(heap, T, programs, traced):
         guarded(f"trace {key} T={T}", lambda key=key, program=program: trace_one(key, program, T, args[key]))
 
 
+def ops_path(heap, T):
+    """tiledsl.ops.moe_dispatch / moe_combine: the tuned choice, and each path forced, per call."""
+    import tiledsl.ops as ops
+    ops.use_heap(heap)
+    X = torch.randn(T, H, device="cuda", dtype=BF16)
+    ids = torch.rand(T, NE, device="cuda").topk(TOPK, dim=1).indices.to(torch.int32)
+    w = torch.softmax(torch.randn(T, TOPK, device="cuda"), dim=1)
+    C = max(64, math.ceil(int(torch.bincount(ids.flatten().long(), minlength=NE).max()) / 64) * 64)
+    fns = {}
+    for impl in (None, "torch", "moe_dispatch"):
+        label = impl or "tuned"
+        fns[f"ops dispatch ({label})"] = lambda impl=impl: ops.moe_dispatch(X, ids, NE, C, impl=impl)
+    recv, _ = ops.moe_dispatch(X, ids, NE, C, impl="torch")
+    for impl in (None, "torch", "moe_combine"):
+        label = impl or "tuned"
+        fns[f"ops combine ({label})"] = lambda impl=impl: ops.moe_combine(recv, ids, w, impl=impl)
+    for fn in fns.values():
+        fn()
+    times = time_interleaved_ms(fns, windows=5, calls=10, warmup=2)
+    for key, ms in times.items():
+        say(f"moe T={T} {key:<30} {ms * 1000:9.1f} us a call")
+    say(f"ops explain: {ops.explain()}"[:1500])
+    TABLE.append(f"{f'moe T={T} ops dispatch/combine tuned vs torch':<44} "
+                 f"{times['ops dispatch (tuned)'] * 1000:.1f}/{times['ops combine (tuned)'] * 1000:.1f} us vs "
+                 f"{times['ops dispatch (torch)'] * 1000:.1f}/{times['ops combine (torch)'] * 1000:.1f}")
+
+
 def moe_section(heap):
-    programs = {k: guarded(f"compile {k}", lambda p=p: tiledsl.compile(p, heap), None) for k, p in MOE_PROGRAMS.items()}
+    keys = ("dispatch", "combine", "fp8") if QUICK else tuple(MOE_PROGRAMS)
+    programs = {k: guarded(f"compile {k}", lambda p=p, c=c: tiledsl.compile(p, heap, **c), None)
+                for k, (p, c) in MOE_PROGRAMS.items() if k in keys}
     programs = {k: p for k, p in programs.items() if p is not None}
-    traced = {k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k], heap, trace=True), None)
-              for k in ("dispatch", "combine", "fp8")}
+    traced = {} if QUICK else {
+        k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k][0], heap, trace=True), None)
+        for k in ("dispatch", "combine", "fp8")}
     traced = {k: p for k, p in traced.items() if p is not None}
     for T in (128, 4096):
         if over_budget(f"moe T={T}"):
             return
         moe_case(heap, T, programs, traced)
+    if not QUICK and not over_budget("moe ops path"):
+        guarded("moe ops path", lambda: ops_path(heap, 128))
 
 
 # ---- 3. skinny products ------------------------------------------------------------------------------
 
+SKINNY = EXPERIMENTS / "gemm_ar_skinny.tds"
+
+
+def skinny_consts(M: int, N: int, K: int, sms: int, BN: int = 64, BK: int = 128) -> dict:
+    """The skinny tile's rows (16 for M <= 16, else 64 or 128: one row block, B streamed once) and the
+    split of K that gives the SMs about two tiles each (each split at least 4 steps of BK)."""
+    BM = 16 if M <= 16 else 64 if M <= 64 else 128
+    tiles = math.ceil(M / BM) * math.ceil(N / BN)
+    KS = 1
+    while KS < 16 and tiles * KS * 2 <= 2 * sms and K % (2 * KS * BK) == 0 and K // (2 * KS * BK) >= 4:
+        KS *= 2
+    return {"BM": BM, "BN": BN, "BK": BK, "KS": KS}
+
+
 def products_section(heap):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    gemm = guarded("compile gemm.tds", lambda: tiledsl.compile(PROGRAMS / "gemm.tds", heap), None)
-    gemm_ar = {"gemm_ar": {}, "gemm_ar_BN64": {"BN": 64}, "gemm_ar_BN64_6st": {"BN": 64, "num_stages": 6}}
-    gemm_ar = {k: guarded(f"compile {k}", lambda o=o: tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, **o), None)
-               for k, o in gemm_ar.items()}
-    worst = {}
-    for shape_name, (N, K) in decode_shapes().items():
-        for M in GEMM_M:
-            if over_budget(f"products {shape_name} M={M}"):
-                return
-            A = torch.randn(M, K, device="cuda", dtype=BF16)
-            B = torch.randn(K, N, device="cuda", dtype=BF16) * K ** -0.5
-            C = torch.full((M, N), NAN, device="cuda", dtype=BF16)
-            want = A.float() @ B.float()
-            fns = {"cublas": lambda: torch.matmul(A, B, out=C)}
-            if gemm is not None:
-                fns["gemm.tds"] = lambda: gemm(A, B, C, check=False)
-            for key, program in gemm_ar.items():
-                if program is not None:
-                    fns[key] = lambda program=program: program(A, B, C, check=False)
-            for config in skinny.configs(M, N, K, sms):
-                f = skinny.Skinny(M, N, K, config)
-                fns[f"triton {config}"] = lambda f=f: f(A, B, C)
-            checked = {}
-            for key, fn in fns.items():
-                C.fill_(NAN)
-                if guarded(f"{key} {shape_name} M={M}", lambda fn=fn: (fn(), fn(), fn(), torch.cuda.synchronize())
-                           and ok(f"{key} {shape_name} M={M}", C, want), False):
-                    checked[key] = fn
-            times = time_interleaved_ms(checked, windows=5, calls=20, warmup=3)
-            cublas = times["cublas"]
-            best_triton = min(((ms, k) for k, ms in times.items() if k.startswith("triton")), default=(NAN, None))
-            gb = 2 * K * N / cublas / 1e6
-            cells = ", ".join(f"{k} {ms * 1000:.1f}" for k, ms in times.items() if not k.startswith("triton"))
-            say(f"product {shape_name:<16} M={M:<3} N={N:<5} K={K:<5}: {cells} us; cuBLAS {gb:.0f} GB/s; "
-                f"best triton {best_triton[0] * 1000:.1f} us ({best_triton[1]})")
-            for key, ms in times.items():
-                group = "triton best" if key.startswith("triton") else key
-                ratio = ms / cublas
-                if key.startswith("triton"):
-                    ratio = best_triton[0] / cublas
-                worst[group] = max(worst.get(group, 0), ratio)
-            del A, B, C, want
-    TABLE.append(f"{'products, worst time / cuBLAS over 85 points':<44} " +
-                 ", ".join(f"{k} {v:.2f}x" for k, v in worst.items() if k != "cublas"))
+    # gemm_ar's TMA tile: 3.2-4.9x cuBLAS in round 1; left out of the quick run (a compile)
+    library = None if QUICK else guarded("compile gemm_ar.tds", lambda: tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap),
+                                         None)
+    compiled = {}
+
+    def skinny(consts, **options):
+        key = tuple(sorted(consts.items())) + tuple(sorted(options.items()))
+        if key not in compiled:
+            compiled[key] = guarded(f"compile skinny {consts} {options}",
+                                    lambda: tiledsl.compile(SKINNY, heap, **consts, **options), None)
+        return compiled[key]
+    worst, rows = {}, []
+    shapes = decode_shapes()
+    points = [(name, M) for name in shapes for M in GEMM_M]
+    if QUICK:  # the square shape at every M, then the smallest N (K split 8 ways)
+        points = [("square 8192", M) for M in GEMM_M] + [("70B QKV tp8", 1), ("70B QKV tp8", 8)]
+    for shape_name, M in points:
+        N, K = shapes[shape_name]
+        if over_budget(f"products {shape_name} M={M}"):
+            return
+        A = torch.randn(M, K, device="cuda", dtype=BF16)
+        B = torch.randn(K, N, device="cuda", dtype=BF16) * K ** -0.5
+        C = torch.full((M, N), NAN, device="cuda", dtype=BF16)
+        want = A.float() @ B.float()
+        consts = skinny_consts(M, N, K, sms)
+        fns = {"cublas": lambda: torch.matmul(A, B, out=C)}
+        if library is not None:
+            fns["gemm_ar"] = lambda: library(A, B, C, check=False)
+        variants = {"skinny": skinny(consts)}
+        if consts["BM"] == 16 and not QUICK:  # 61 KB of shared memory: three programs fit an SM
+            variants["skinny_2x"] = skinny(consts, num_sms=2 * sms)
+        for key, program in variants.items():
+            if program is not None:
+                fns[key] = lambda program=program: program(A, B, C, check=False)
+        checked = {}
+        for key, fn in fns.items():
+            C.fill_(NAN)
+            if guarded(f"{key} {shape_name} M={M}", lambda fn=fn: (fn(), fn(), fn(), torch.cuda.synchronize())
+                       and ok(f"{key} {shape_name} M={M}", C, want), False):
+                checked[key] = fn
+        for key, program in variants.items():
+            if key in checked:
+                guarded(f"check {key}", program.check)
+        times = time_interleaved_ms(checked, windows=3 if QUICK else 5, calls=20, warmup=3)
+        cublas = times["cublas"]
+        best = min((ms for k, ms in times.items() if k.startswith("skinny")), default=NAN)
+        cells = ", ".join(f"{k} {ms * 1000:.1f}" for k, ms in times.items())
+        say(f"product {shape_name:<16} M={M:<3} N={N:<5} K={K:<5} {consts}: {cells} us; "
+            f"skinny best / cuBLAS {best / cublas:.2f}")
+        for key, ms in times.items():
+            worst[key] = max(worst.get(key, 0), ms / cublas)
+        worst["skinny best"] = max(worst.get("skinny best", 0), best / cublas)
+        rows.append(best / cublas)
+        if QUICK:
+            TABLE.append(f"{f'product {shape_name} M={M}':<44} skinny {best * 1000:.1f} us, cuBLAS "
+                         f"{cublas * 1000:.1f}, gemm_ar {times.get('gemm_ar', NAN) * 1000:.1f} ({best / cublas:.2f}x)")
+        del A, B, C, want
+    met = sum(r <= 1.1 for r in rows)
+    TABLE.append(f"{f'products: worst / cuBLAS ({len(rows)} points)':<44} " +
+                 ", ".join(f"{k} {v:.2f}x" for k, v in worst.items() if k != "cublas") +
+                 f"; skinny best <= 1.1x at {met} of {len(rows)}")
 
 
 def gemm_ar_traces(heap):
-    program = tiledsl.compile(PROGRAMS / "gemm_ar.tds", heap, trace=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for M in (1, 128):
+        consts = skinny_consts(M, 8192, 8192, sms)
+        program = tiledsl.compile(SKINNY, heap, trace=True, **consts)
         A = torch.randn(M, 8192, device="cuda", dtype=BF16)
         B = torch.randn(8192, 8192, device="cuda", dtype=BF16)
         C = torch.empty(M, 8192, device="cuda", dtype=BF16)
@@ -328,9 +406,9 @@ def gemm_ar_traces(heap):
         found = timeline.events(program)
         mm = [e for e in found if e.family == "mm"]
         busy = statistics.median(e.end_us - e.waited_us for e in mm)
-        strip = 8192 * 128 * 2  # bytes of B one tile streams (BN = 128)
-        say(f"trace gemm_ar M={M}: {len(mm)} mm tiles, median {busy:.1f} us each ({strip / busy / 1e3:.1f} GB/s a "
-            f"program); span {max(e.end_us for e in found) - min(e.start_us for e in found):.1f} us")
+        strip = 8192 // consts["KS"] * consts["BN"] * 2  # bytes of B one tile streams
+        say(f"trace gemm_ar_skinny M={M} {consts}: {len(mm)} mm tiles, median {busy:.1f} us each "
+            f"({strip / busy / 1e3:.1f} GB/s a tile); span {max(e.end_us for e in found) - min(e.start_us for e in found):.1f} us")
         for line in family_lines(found):
             say(line)
 
@@ -347,13 +425,29 @@ def host_us(fn, calls=200) -> float:
     return spent
 
 
+def raw_launch(graph):
+    """The graph launched through the CUDA runtime directly (cuda.bindings), not torch's replay(): what
+    a call costs without torch's wrapper. The executable graph's handle needs a graph kept by torch."""
+    from cuda.bindings import runtime as cudart
+    handle = cudart.cudaGraphExec_t(int(graph.raw_cuda_graph_exec()))
+    stream = cudart.cudaStream_t(torch.cuda.current_stream().cuda_stream)
+
+    def launch():
+        error, = cudart.cudaGraphLaunch(handle, stream)
+        if error != cudart.cudaError_t.cudaSuccess:
+            raise RuntimeError(f"cudaGraphLaunch: {error}")
+    launch()
+    torch.cuda.synchronize()
+    return launch
+
+
 def call_section(heap):
     group = dist.group.WORLD.group_name
     fresh = torch.randn(4096, device="cuda", dtype=BF16) * 2.0 ** -100
     x = fresh.clone()
     y = torch.empty_like(x)
     one = tiledsl.compile(PROGRAMS / "allreduce.tds", heap, num_warps=16)
-    two = tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap)
+    two = None if QUICK else tiledsl.compile(PROGRAMS / "allreduce_two_shot.tds", heap)
     out_of_place = tiledsl.compile(PROGRAMS / "allreduce_out.tds", heap, num_warps=16)
     copy = tiledsl.compile(PROGRAMS / "copy.tds", heap)
     hx = tiledsl.empty(4096, BF16, heap=heap)
@@ -362,6 +456,8 @@ def call_section(heap):
            "tiledsl two-shot (X staged)": lambda: two(x, check=False),
            "tiledsl out of place, X on heap": lambda: out_of_place(hx, y, check=False),
            "tiledsl copy.tds 8 KB": lambda: copy(fresh, y, check=False)}
+    if two is None:
+        del fns["tiledsl two-shot (X staged)"]
     for key, fn in list(fns.items()):  # right first (world 1: the sum is the input), then the graph exists
         x.copy_(fresh)
         fn()
@@ -382,10 +478,16 @@ def call_section(heap):
     programs = {"tiledsl one-shot (X staged)": one, "tiledsl two-shot (X staged)": two,
                 "tiledsl out of place, X on heap": out_of_place, "tiledsl copy.tds 8 KB": copy}
     graphs = {f"{k}: graph only": g.replay for k, p in programs.items() if k in fns and (g := prepared_graph(p))}
-    loop = time_interleaved_ms({**fns, **graphs}, windows=9)
+    launch = guarded("cudaGraphLaunch", lambda: raw_launch(prepared_graph(copy)), None)
+    if launch is not None:
+        graphs["tiledsl copy.tds 8 KB: cudaGraphLaunch"] = launch
+    if QUICK:
+        for key in ("torch symm_mem one-shot", "nccl all_reduce"):
+            fns.pop(key, None)
+    loop = time_interleaved_ms({**fns, **graphs}, windows=5 if QUICK else 9)
     for key, ms in loop.items():
         host = host_us(fns[key]) if key in fns else host_us(graphs[key])
-        kernels = guarded(f"profile {key}", lambda key=key: kernels_of(fns.get(key) or graphs[key]), "?")
+        kernels = "" if QUICK else guarded(f"profile {key}", lambda key=key: kernels_of(fns.get(key) or graphs[key]), "?")
         say(f"call {key:<44} {ms * 1000:6.2f} us back to back; host {host:6.2f} us a call; {kernels}")
     symm2 = loop.get("torch symm_mem two-shot", NAN)
     TABLE.append(f"{'8 KB all-reduce one-shot / heap / symm 2-shot':<44} "
@@ -396,14 +498,16 @@ def call_section(heap):
 
 
 def main() -> int:
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(24 << 30))
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str((6 if QUICK else 24) << 30))
     _, world, heap = start(27)
     if world != 1:
         raise SystemExit("latency_probe.py is made for world 1 (one GPU): torchrun --nproc-per-node=1")
     only = [s for s in os.environ.get("PROBE_ONLY", "").split(",") if s]
-    sections = {"floor": lambda: floor_section(), "moe": lambda: moe_section(heap),
-                "call": lambda: call_section(heap), "gemm_ar_trace": lambda: gemm_ar_traces(heap),
-                "products": lambda: products_section(heap)}
+    sections = {"moe": lambda: moe_section(heap), "call": lambda: call_section(heap),
+                "products": lambda: products_section(heap), "gemm_ar_trace": lambda: gemm_ar_traces(heap),
+                "floor": lambda: floor_section()}
+    if QUICK:
+        del sections["gemm_ar_trace"], sections["floor"]
     for name, run in sections.items():
         if only and name not in only:
             continue

@@ -16,11 +16,14 @@ import sympy
 # the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
 from tiledsl.runtime.specs import pipeline_stages, pow2_at_least
 from tiledsl.schedule import ir
-from tiledsl.tables import FUNCTIONS
+from tiledsl.tables import DTYPES, FUNCTIONS
 
 BLOCK_1D = 8192          # elements per step of a 1-D chunk copy
 FP8 = "float8_e4m3fn"
 BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of bf16 in flight
+# a step of a copy of whole rows, run as one flat range: 32 KB, and at most 16 K elements (128 a thread
+# on 4 warps; 32 K of fp8 took moe_dispatch_fp8 past 255 registers)
+BLOCK_FLAT_BYTES, BLOCK_FLAT_MOST = 32768, 16384
 
 
 class LoweringError(Exception):
@@ -189,6 +192,10 @@ class Product:
     # are 1 there, so TMA zero-fills past the operand's own rows and columns, never the next expert's
     left_at: tuple[sympy.Expr, ...] = ()
     right_at: tuple[sympy.Expr, ...] = ()
+    # a sub-range of the contraction dimension (a split of K): from `k_start`, `k` long. Its last TMA
+    # block may reach into the next range, so A's columns past it are zeroed in registers.
+    k_start: sympy.Expr = sympy.Integer(0)
+    k_masked: bool = False
 
 
 @dataclass(frozen=True)
@@ -480,6 +487,14 @@ class _Tile:
         for n, store in enumerate(stores):
             if n:
                 out.append(Barrier())  # the next store may read what this one just stored
+            if self.copied_as_is(store):
+                # a block stored as it was loaded: no float32 in between (half the registers for bf16:
+                # the MoE pack tile's 8 x 2048 block in 64 of them, not 128), and nothing to round
+                place = self.place(store.value.region, out)
+                value = self.fresh(store.value.region.tensor)
+                out.append(Load(value, place, native=True))
+                out.append(Store(self.place(store.target, out), value))
+                continue
             value = self.value(store.value, out)
             if self.product is not None and self.tma_store(store.target):
                 *points, rows, cols = store.target.dims
@@ -497,6 +512,12 @@ class _Tile:
                 out.append(capacity_report(self, place, value, cap))
             out.append(Store(place, rounded(self.schedule, store.target.tensor, value, out, self.fresh)))
         return TileBody(tuple(out), self.product, tma_target, tuple(self.blocks))
+
+    def copied_as_is(self, store: ir.Store) -> bool:
+        """A store of a plain load of a tensor of the target's own dtype, into a tensor without a cap."""
+        value, tensors = store.value, self.schedule.tensors
+        return isinstance(value, ir.Load) and self.product is None and tensors[store.target.tensor].cap is None \
+            and tensors[value.region.tensor].dtype == tensors[store.target.tensor].dtype
 
     def axis(self, size: sympy.Expr, n: int) -> tuple[sympy.Expr, int | str]:
         value = size.subs({ir.size_symbol(k): v for k, v in self.consts.items()})
@@ -593,11 +614,13 @@ class _Tile:
             if region.owner is not None or region.rows is not None or not _points_then_block(region):
                 raise LoweringError(f"'@' reads '{region.tensor}' through a TMA descriptor: it must be a local "
                                     "tensor, a block of its last two dimensions at points of the others")
-        for dim, region, n in ((left.dims[-1], left, -1), (right.dims[-2], right, -2)):
-            extent = self.schedule.tensors[region.tensor].shape[n]
-            if dim.start != 0 or dim.size != extent:
-                raise LoweringError(f"'@' must contract over the whole of '{region.tensor}' (sub-ranges of K are "
-                                    "not supported yet)")
+        k_left, k_right = left.dims[-1], right.dims[-2]
+        whole = all(dim.start == 0 and dim.size == self.schedule.tensors[region.tensor].shape[n]
+                    for dim, region, n in ((k_left, left, -1), (k_right, right, -2)))
+        if not whole and (sympy.simplify(k_left.start - k_right.start) != 0 or
+                          sympy.simplify(k_left.size - k_right.size) != 0):
+            raise LoweringError(f"'@' contracts '{left.tensor}' and '{right.tensor}' over different ranges of K "
+                                "(a split of K must take the same range from both)")
         (_, block_m), (_, block_n) = self.axes
         if not isinstance(block_m, int) or not isinstance(block_n, int):
             raise LoweringError(f"tile '{self.family.name}': a product's block must be a const size (TMA)")
@@ -606,7 +629,8 @@ class _Tile:
         self.product = Product(name, self.family.name, left.tensor, right.tensor, self.k(left.dims[-2].start),
                                self.k(right.dims[-1].start), self.k(left.dims[-1].size), block_m, block_n, block_k,
                                tuple(self.k(d.start) for d in left.dims[:-2]),
-                               tuple(self.k(d.start) for d in right.dims[:-2]))
+                               tuple(self.k(d.start) for d in right.dims[:-2]),
+                               sympy.Integer(0) if whole else self.k(k_left.start), not whole)
         out.append(self.product)
         return name
 
@@ -662,9 +686,37 @@ def _chunk_statement(schedule, family, kernel, source, target, rows, cols) -> St
         owner = None if source.owner is None else kernel(source.owner)
         return Put(family.name, source.tensor, owner, kernel(_row_start(schedule, family, source)), target.tensor,
                    kernel(_row_start(schedule, family, target)), kernel(target.owner), moved, width, family.split)
+    if cols is not None and _whole_rows(schedule, source) and _whole_rows(schedule, target):
+        # Whole rows lie one after another in memory, in both places: one flat range of rows x cols
+        # elements. In 64 x 256 blocks a copy of a few rows of 7168 (an MoE expert's rows at decode)
+        # took 28 steps of mostly masked lanes, each a round trip to memory; flat, it takes 2.
+        itemsize = max(DTYPES[schedule.tensors[r.tensor].dtype].torch.itemsize for r in (source, target))
+        return Copy(_flat_place(schedule, source, kernel), _flat_place(schedule, target, kernel), rows * cols,
+                    None, (min(BLOCK_FLAT_MOST, BLOCK_FLAT_BYTES // itemsize),), family.split,
+                    family.reduce == "add")
     block = BLOCK_2D if cols is not None else (BLOCK_1D,)
     return Copy(_copy_place(schedule, source, kernel), _copy_place(schedule, target, kernel), rows, cols, block,
                 family.split, family.reduce == "add")
+
+
+def _whole_rows(schedule: ir.Schedule, region: ir.Region) -> bool:
+    """The region's two kept dimensions are its tensor's last two and it takes every column: its rows
+    are one contiguous range of the row-major tensor."""
+    shape = schedule.tensors[region.tensor].shape
+    kept = [n for n, d in enumerate(region.dims) if d.kept]
+    if kept != [len(shape) - 2, len(shape) - 1]:
+        return False
+    cols = region.dims[-1]
+    return cols.start == 0 and sympy.simplify(cols.size - shape[-1]) == 0
+
+
+def _flat_place(schedule: ir.Schedule, region: ir.Region, kernel) -> Place:
+    """A `_whole_rows` region as one axis: its rows x columns elements from the first row's start."""
+    tensor = schedule.tensors[region.tensor]
+    *points, rows = _copy_place(schedule, region, kernel).dims[:-1]
+    width = kernel(tensor.shape[-1])
+    flat = Dim(kernel(region.dims[-2].start) * width, sympy.Integer(1), kernel(tensor.shape[-2]) * width, 0)
+    return Place(region.tensor, None if region.owner is None else kernel(region.owner), (*points, flat), 1)
 
 
 def full(value: Scalar, blocks: tuple, out: list, fresh) -> str:

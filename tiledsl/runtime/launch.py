@@ -105,6 +105,12 @@ class Program(Issuing):
         # is bound into it (_rebind) instead of being prepared again
         self._templates: dict = {}
         self._moved: dict = {}  # (heap copy's address, offset to the caller's tensor, shmem) -> peer offsets
+        # the last call's tensor objects and what they bound to (_bound); it keeps them alive, as the
+        # prepared call made for them does
+        self._last_bound = None
+        self._last_calls = [None, None]  # per staging parity: (the binding's key, its prepared call)
+        self._cuda = torch.cuda.is_available()  # asked once: 1.2 us a call otherwise
+        self._outs = [t.name for t in self.callers if t.role in ("out", "inout")]
         self._comm_stream = None
 
     # ---- where it runs ----------------------------------------------------------------------------
@@ -224,21 +230,35 @@ class Program(Issuing):
         return moved
 
     # ---- one call -------------------------------------------------------------------------------
-    # torch.compile calls a program as it is (a graph break); tiledsl.ops offers custom ops that compile whole
-    @torch.compiler.disable
     def __call__(self, *args, check: bool = True, **kwargs):
         """One call. Inside the caller's own CUDA-graph capture (`torch.cuda.graph`) a call that was made
         once before with the same tensors makes no host synchronisation and no host-to-device copy: it
         is recorded into that graph, and its waits stay bounded (`check()` after a replay reports a
         timeout)."""
-        tensors = validate.bind(self.module.__name__, self.callers, args, kwargs)
-        capturing = not self.emulated and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        # torch.compile calls a program as it is (a graph break: _compiled_call); tiledsl.ops offers custom
+        # ops that compile whole. Eagerly the call goes straight in: torch.compiler.disable around every
+        # call cost ~4 us of the host's time (its eval-frame switch), a small program's whole GPU time.
+        if torch.compiler.is_compiling():
+            return self._compiled_call(*args, check=check, **kwargs)
+        return self._call(args, kwargs, check)
+
+    @torch.compiler.disable
+    def _compiled_call(self, *args, check: bool = True, **kwargs):
+        return self._call(args, kwargs, check)
+
+    def _call(self, args, kwargs, check: bool):
+        tensors, addresses = self._bound(args, kwargs)
+        capturing = not self.emulated and self._cuda and torch.cuda.is_current_stream_capturing()
         # Everything but the epoch depends only on the caller's tensors: prepare it once per set of them,
         # so a steady-state call is a few launches and no Python bookkeeping.
         parity = (self.epoch + 1) % 2 if self._staging else 0
-        key = (parity,) + tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
-                                for n, t in tensors.items())
-        call = self._calls.get(key)
+        last = self._last_calls[parity]
+        if last is not None and last[0] is addresses and not capturing:
+            call = last[1]  # the binding of the last call with this parity: its prepared call, no lookup
+            key = None
+        else:
+            key = (parity,) + addresses
+            call = self._calls.get(key)
         if call is None and capturing and self._staging:
             # recorded into the caller's graph the parity is frozen anyway (a barrier guards the staging,
             # see Issuing._begin): a call prepared for the other parity serves as well
@@ -246,6 +266,7 @@ class Program(Issuing):
         if call is None:
             if len(self._calls) >= MAX_PREPARED_CALLS:
                 self._calls.clear()
+                self._last_calls = [None, None]
             binding = self._binding_key(tensors, parity)
             template = self._templates.get(binding)
             if template is None and capturing and self._staging:
@@ -259,6 +280,8 @@ class Program(Issuing):
                                   "capture forbids)")
             else:
                 call = self._calls[key] = self._templates[binding] = self._prepare(tensors, parity)
+        if key is not None and not capturing:  # a staged program alternates between two prepared calls
+            self._last_calls[parity] = (addresses, call)
         self.epoch += 1
         if self.emulated:
             self._issue_serialised(call)
@@ -274,8 +297,26 @@ class Program(Issuing):
             call.issued = True
         if check and not capturing:  # a capture cannot synchronise: check() after replaying the graph
             self.check()
-        outs = [tensors[t.name] for t in self.callers if t.role in ("out", "inout")]
+        outs = [tensors[name] for name in self._outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _bound(self, args, kwargs) -> tuple[dict, tuple]:
+        """The caller's tensors by name and the key of their addresses, shapes, strides, dtypes and
+        devices. A call with the very tensor objects of the last one, at the same addresses, shapes and
+        strides, reuses both: binding by name and building the key cost ~8 us of Python a call (this
+        repository's CPU), more than a small program's whole GPU time back to back (issue 27)."""
+        objects = args + tuple(kwargs.values())
+        last = self._last_bound
+        if last is not None and last[0] == tuple(kwargs) and len(last[1]) == len(objects) and \
+                all(a is b for a, b in zip(objects, last[1])) and \
+                all(t.data_ptr() == p and t.shape == shape and t.stride() == stride
+                    for t, (p, shape, stride) in zip(objects, last[2])):
+            return last[3], last[4]
+        tensors = validate.bind(self.module.__name__, self.callers, args, kwargs)
+        addresses = tuple((n, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for n, t in tensors.items())
+        self._last_bound = (tuple(kwargs), objects, tuple((t.data_ptr(), t.shape, t.stride()) for t in objects),
+                            tensors, addresses)
+        return tensors, addresses
 
     def _binding_key(self, tensors, parity: int) -> tuple:
         """What a prepared call depends on besides the caller's addresses: shapes, strides and dtypes, the
@@ -555,6 +596,7 @@ class Program(Issuing):
         """Drop the prepared calls (caller tensors, CUDA graphs, launch arguments) kept for the tensor sets
         this program was called with: all of them, or only those that hold one of `tensors` (the next
         call with any of them prepares it again)."""
+        self._last_bound, self._last_calls = None, [None, None]
         if not tensors:
             dropped = list(self._calls.values())
             self._calls.clear()
@@ -584,6 +626,7 @@ class Program(Issuing):
         self.epoch = 0
         self._calls.clear()
         self._templates.clear()
+        self._last_bound, self._last_calls = None, [None, None]
         if self.heap is not None:
             self.heap.barrier()  # no rank starts a call before every rank's slots are zero
 

@@ -22,7 +22,7 @@ def tds_tile_cp(tds_program, tds_programs, X, Y, N, BLOCK: tl.constexpr, tds_tra
             tds_timeline.record(tds_trace_cp + 4 * i, 0)
         if tds_TRACE:
             tds_timeline.record(tds_trace_cp + 4 * i, 1)
-        tds_X = tl.load(X + i * BLOCK + tds_elems, mask=(i * BLOCK + tds_elems < N), other=0.0).to(tl.float32)
+        tds_X = tl.load(X + i * BLOCK + tds_elems, mask=(i * BLOCK + tds_elems < N), other=0.0)
         tl.store(Y + i * BLOCK + tds_elems, tds_X.to(Y.dtype.element_ty), mask=(i * BLOCK + tds_elems < N))
         if tds_TRACE:
             tds_timeline.record(tds_trace_cp + 4 * i, 2)
