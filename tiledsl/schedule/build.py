@@ -390,8 +390,8 @@ class Builder:
             rank_var, rank_expr, rank_extent = self.ranks_for(dep.ranks, scope)
         else:
             ranks, rank_expr = ir.RankSet.AT, self.size(dep.ranks, scope)
-        if producer.name == consumer.name and (ranks is not ir.RankSet.LOCAL or loop is not None):
-            self.fail("a family may only wait on its own instances on the same rank, before it starts", dep.span)
+        if producer.name == consumer.name and loop is not None:
+            self.fail("a family may only wait on its own instances before it starts", dep.span)
         if self.failures > before:
             return None
         return ir.Edge(consumer.name, producer.name, index_map, ranks, rank_expr, dep.span, rank_var, rank_extent,

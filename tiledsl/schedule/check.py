@@ -283,13 +283,17 @@ def _skipped(concrete: Concrete):
 
 
 def _self_waits(concrete: Concrete):
-    """`mm[i] after mm[i-1]`: a family runs its instances in order, so it may only wait on earlier ones."""
+    """`mm[i] after mm[i-1]`: a family runs its instances in order, so it may only wait on earlier ones
+    of its own rank. A wait on its instances on other ranks (a ring: `step[t] after step[t - 1] @
+    ((rank - 1) mod world)`) is judged by the cycle search, with every rank's order (meaning.py)."""
     schedule = concrete.schedule
     for wait in concrete.waits:
         edge = schedule.edges[wait.edge]
         if edge.producer != edge.consumer:
             continue
-        late = [p for p in wait.producers if concrete.order[p] >= concrete.order[wait.consumer]]
+        rank = concrete.instances[wait.consumer].rank
+        late = [p for p in wait.producers if concrete.instances[p].rank == rank
+                and concrete.order[p] >= concrete.order[wait.consumer]]
         if late:
             consumer, producer = concrete.instances[wait.consumer], concrete.instances[late[0]]
             what = "itself" if late[0] == wait.consumer else f"{at(producer)}, which comes after it"

@@ -83,6 +83,7 @@ def cycle(concrete: Concrete, successors, via, left: set[int]):
             steps.append((target, producer, via[source - count]))
     # program order within an instance (entry, steps, exit) is no finding of its own: fold it away
     steps = [s for s in steps if not (s[2] is None and _same_instance(concrete, s[0], s[1]))]
+    steps = _serial_runs_folded(steps)
     steps.reverse()  # read as "waits for"
     families = list(concrete.schedule.families)
 
@@ -109,6 +110,22 @@ def cycle(concrete: Concrete, successors, via, left: set[int]):
         f"deadlock: a cycle of waits: {path} (at {sizes_text(concrete)})", edges[first_edge].span,
         notes=notes, hint="each instance waits for the next one, so none of them can start",
         witness=witness)
+
+
+def _serial_runs_folded(steps: list) -> list:
+    """Steps (later, earlier, edge) in happens-before order, each run of serial-order steps (edge None,
+    all on one rank: a rank's serial order is one chain) made one step from its first to its last
+    instance. A ring's cycle passes through every instance a rank runs between the two it waits on:
+    the witness names the two, as a rank's serial order is transitive."""
+    folded: list = []
+    for later, earlier, edge in steps:
+        if edge is None and folded and folded[-1][2] is None:
+            folded[-1] = (later, folded[-1][1], None)
+        else:
+            folded.append((later, earlier, edge))
+    if len(folded) > 2 and folded[0][2] is None and folded[-1][2] is None:  # a run across the cycle's start
+        folded = [(folded[0][0], folded[-1][1], None)] + folded[1:-1]
+    return folded
 
 
 def _same_instance(concrete: Concrete, a: int, b: int) -> bool:
@@ -236,8 +253,10 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
     if a.family == b.family:
         message = (f"instances of {family_text(schedule, a.family)} "
                    f"{'both write' if other.write else 'read and write'} the same elements of {tensor}")
-        hint = ("give each instance its own region" if a.rank != b.rank else
-                f"give each instance its own region, or chain them: {hint}")
+        chain = _ring_edge(concrete, a, b) if a.rank != b.rank else None
+        hint = ("give each instance its own region" if a.rank != b.rank and chain is None else
+                f"add an edge: {chain} (a chain across ranks), or give each instance its own region"
+                if chain is not None else f"give each instance its own region, or chain them: {hint}")
     elif a.rank != b.rank:
         hint += " @ every rank"
     step = concrete.instance_of(concrete.node_of(waiter))[1]
@@ -249,3 +268,22 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                  notes=[Note(f"'{b.family}' {may}s {tensor} here: {at_a} and {at_b} touch the same elements, "
                              f"ordered by no edge (at {sizes_text(concrete)})", waited.region.span)],
                  witness=witness)
+
+
+def _ring_edge(concrete: Concrete, a, b) -> str | None:
+    """The edge that chains two instances of one family on different ranks, the later in the family's
+    order waiting on the earlier one, by their index and rank offsets (`step[t, i] after step[t - 1, i]
+    @ ((rank - 1) mod world)`): what a ring whose forwarding wait is missing needs. None where neither
+    comes later: around the ring, such a chain would wait on itself."""
+    keys = {x: concrete.order[concrete.position(x.family, x.rank, x.index)] for x in (a, b)}
+    if keys[a] == keys[b]:
+        return None
+    first, then = sorted((a, b), key=keys.__getitem__)
+    names = concrete.schedule.families[a.family].index_names
+
+    def shifted(name: str, by: int) -> str:
+        return name if by == 0 else f"{name} - {by}" if by > 0 else f"{name} + {-by}"
+    by = (then.rank - first.rank) % concrete.world
+    rank = f"((rank - {by}) mod world)" if 2 * by <= concrete.world else f"((rank + {concrete.world - by}) mod world)"
+    index = ", ".join(shifted(n, x - y) for n, x, y in zip(names, then.index, first.index))
+    return f"{a.family}[{', '.join(names)}] after {a.family}[{index}] @ {rank}"
