@@ -119,6 +119,15 @@ def hier_gemm_rs(A, B):
     return gemm_rs(A, B)
 
 
+# the rings pass blocks from rank to rank instead of reading every peer: the same collectives
+def ring_allgather(X):
+    return allgather(X)
+
+
+def ring_reduce_scatter(X):
+    return reduce_scatter(X)
+
+
 # ---- attention: torch's scaled_dot_product_attention on the whole sequence --------------------------
 
 def _sdpa(q, k, v, causal: bool) -> torch.Tensor:
@@ -172,4 +181,5 @@ def flash_decode(Q, K, V, Lens):
 EXPECTATIONS = {f.__name__: f for f in (
     copy, gemm, allgather, reduce_scatter, allreduce, allreduce_two_shot, allreduce_out, ag_gemm, ag_gemm_push,
     gemm_rs, gemm_rs_ce, gemm_rs_pull, gemm_rs_push, gemm_ar, allreduce_rmsnorm, sp_ag_attention, sp_ulysses,
-    flash_decode, hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs)}
+    flash_decode, hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs, ring_allgather,
+    ring_reduce_scatter)}

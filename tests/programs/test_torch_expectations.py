@@ -65,6 +65,8 @@ INPUTS = {
     "hier_allreduce": lambda w, N: {"X": (N,)},
     "hier_ag_gemm": lambda w, M, K, N: {"A": (M // w, K), "B": (K, N)},
     "hier_gemm_rs": lambda w, M, K, N: {"A": (M, K), "B": (K, N)},
+    "ring_allgather": lambda w, M, N: {"X": (M // w, N)},
+    "ring_reduce_scatter": lambda w, M, N: {"X": (M, N)},
 }
 
 # The interpreter runs a tile in tens of milliseconds and ranks beyond two share the cores (a waiting rank
@@ -105,6 +107,9 @@ CASES = {
     "hier_allreduce": [Case((2, 3, 4), lambda w: {"N": 3001}, {"BLOCK": 256})],
     "hier_ag_gemm": [ROWS_IN_WHOLE_TILES[1]],
     "hier_gemm_rs": [REDUCE_SCATTER[1]],
+    # rows no tile divides (45 a rank against BM = 32), ragged columns; ring_reduce_scatter has no step at world 2
+    "ring_allgather": [Case((2, 3, 4), lambda w: {"M": w * 37, "N": 45}, {"PIECES": 2})],
+    "ring_reduce_scatter": [Case((2, 3, 4), lambda w: {"M": w * 45, "N": 300})],
 }
 RUNS = sorted({(name, world) for name, cases in CASES.items() for case in cases for world in case.worlds})
 
