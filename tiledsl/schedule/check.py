@@ -16,7 +16,7 @@ from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     per_schedule, ragged_sizes, small_sizes, topologies)
+                                     per_schedule, ragged_sizes, runs_on, small_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -260,6 +260,9 @@ def _skipped(concrete: Concrete):
         edge = schedule.edges[skipped.edge]
         if edge.producer == edge.consumer:
             continue  # the start of a chain, `t[i] after t[i - 1]` at i = 0
+        if 0 <= skipped.rank < concrete.world and not runs_on(
+                schedule, schedule.families[edge.producer], concrete.world, concrete.sizes, skipped.rank, concrete.nodes):
+            continue  # a rank its `if` leaves out: waiting on it there is waiting on whatever runs there
         consumer = concrete.instances[skipped.consumer]
         wanted = f"{edge.producer}{index_text(skipped.index)}"
         if skipped.rank != consumer.rank or edge.ranks is not ir.RankSet.LOCAL:

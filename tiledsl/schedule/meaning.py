@@ -204,7 +204,8 @@ def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int, nodes: i
                 for rank in range(world):
                     extents = _extents(schedule, family, world, sizes, rank, nodes)
                     total += math.prod(extents)
-                    too_few |= any(n < 2 and by_param for n, by_param in zip(extents, sized[family.name]))
+                    too_few |= runs_on(schedule, family, world, sizes, rank, nodes) and any(
+                        n < 2 and by_param for n, by_param in zip(extents, sized[family.name]))
             if total > max_instances:
                 break  # larger multiples only have more instances
             if not too_few:
@@ -361,14 +362,23 @@ def _compiled_conditions(schedule: ir.Schedule) -> Callable[..., tuple]:
 
 def _extents(schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int,
              nodes: int = 1) -> tuple[int, ...]:
-    extents = _compiled_extents(schedule, family.name)
-    return tuple(max(0, n) for n in extents(*_size_values(schedule, world, sizes, nodes), rank))
+    """The family's index extents on `rank`: all 0 on a rank its `if` excludes (no instance there)."""
+    *extents, runs = _compiled_extents(schedule, family.name)(*_size_values(schedule, world, sizes, nodes), rank)
+    return tuple(max(0, n) if runs else 0 for n in extents)
+
+
+def runs_on(schedule: ir.Schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int,
+            nodes: int = 1) -> bool:
+    """Whether the family has instances on `rank` as far as its `if` goes (its extents may still be 0)."""
+    return bool(_compiled_extents(schedule, family.name)(*_size_values(schedule, world, sizes, nodes), rank)[-1])
 
 
 @per_schedule
 def _compiled_extents(schedule: ir.Schedule, family: str) -> Callable[..., tuple]:
+    """The extents, then whether the family runs on the rank (its `if`)."""
     indices = schedule.families[family].indices
-    return compile_exprs(tuple(e for _, e in indices), (*size_symbols(schedule), ir.RANK))
+    return compile_exprs((*(e for _, e in indices), schedule.families[family].runs_on),
+                         (*size_symbols(schedule), ir.RANK))
 
 
 # ---- the symbolic meaning: sequence, order, edges ------------------------------------------------
@@ -394,6 +404,15 @@ def family_sequence(schedule: ir.Schedule) -> tuple[str, ...]:
     except nx.NetworkXUnfeasible:
         arcs = nx.find_cycle(graph)
         raise FamilyCycleError(tuple(a for a, _ in arcs), tuple(graph.edges[a, b]["edge"] for a, b in arcs)) from None
+
+
+def runs_at(family: ir.Family, rank) -> sympy.Basic:
+    """Whether `family` has instances on `rank` (an expression: a waiter's own rank, or the one an edge
+    names) as its `if` says: over that rank, the sizes and the topology's sizes (`node` and
+    `local_rank` as what they stand for). sympy.true for a family without an `if`."""
+    if family.runs_on is sympy.true:
+        return sympy.true
+    return family.runs_on.subs(ir.RANK_PARTS).subs(ir.RANK, rank)
 
 
 def waits_on_itself(schedule: ir.Schedule, family: ir.Family) -> bool:

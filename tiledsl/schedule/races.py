@@ -253,7 +253,9 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
     if a.family == b.family:
         message = (f"instances of {family_text(schedule, a.family)} "
                    f"{'both write' if other.write else 'read and write'} the same elements of {tensor}")
-        chain = _ring_edge(concrete, a, b) if a.rank != b.rank else None
+        # a read of what another rank's instance writes: the wait a ring or a chain forgot
+        flow = not other.write and schedule.tensors[tensor].role is not ir.Role.INOUT
+        chain = _ring_edge(concrete, waiter, waited) if a.rank != b.rank and flow else None
         hint = ("give each instance its own region" if a.rank != b.rank and chain is None else
                 f"add an edge: {chain} (a chain across ranks), or give each instance its own region"
                 if chain is not None else f"give each instance its own region, or chain them: {hint}")
@@ -270,20 +272,41 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                  witness=witness)
 
 
-def _ring_edge(concrete: Concrete, a, b) -> str | None:
-    """The edge that chains two instances of one family on different ranks, the later in the family's
-    order waiting on the earlier one, by their index and rank offsets (`step[t, i] after step[t - 1, i]
-    @ ((rank - 1) mod world)`): what a ring whose forwarding wait is missing needs. None where neither
-    comes later: around the ring, such a chain would wait on itself."""
-    keys = {x: concrete.order[concrete.position(x.family, x.rank, x.index)] for x in (a, b)}
-    if keys[a] == keys[b]:
+def _ring_edge(concrete: Concrete, waiter: Access, waited: Access) -> str | None:
+    """The edge that chains two instances of one family on different ranks, by their index and rank
+    offsets: what a ring or a chain whose forwarding wait is missing needs (`step[t, i] after step[t - 1,
+    i] @ ((rank - 1) mod world)`; `hop[i] after hop[i] @ (rank - 1)`). `waiter` is the access that must
+    reads what `waited` writes. None where no edge between the two can be right: the waiter comes
+    earlier in the family's order, or each writes what the other reads (no order of the two is race
+    free)."""
+    a, b = concrete.instances[waiter.instance], concrete.instances[waited.instance]
+    first, then = concrete.order[waited.instance], concrete.order[waiter.instance]
+    if then < first or _writes_what_it_reads(concrete, waiter.instance, waited.instance):
         return None
-    first, then = sorted((a, b), key=keys.__getitem__)
+    by = a.rank - b.rank
+    if then > first:  # later in the order: a ring, every rank waiting on the one `by` before it
+        by %= concrete.world
+        rank = f"((rank - {by}) mod world)" if 2 * by <= concrete.world else \
+            f"((rank + {concrete.world - by}) mod world)"
+    else:  # the same place in the order: a chain that starts at the first ranks (around a ring it would wait on itself)
+        rank = f"(rank - {by})" if by > 0 else f"(rank + {-by})"
     names = concrete.schedule.families[a.family].index_names
 
-    def shifted(name: str, by: int) -> str:
-        return name if by == 0 else f"{name} - {by}" if by > 0 else f"{name} + {-by}"
-    by = (then.rank - first.rank) % concrete.world
-    rank = f"((rank - {by}) mod world)" if 2 * by <= concrete.world else f"((rank + {concrete.world - by}) mod world)"
-    index = ", ".join(shifted(n, x - y) for n, x, y in zip(names, then.index, first.index))
+    def shifted(name: str, offset: int) -> str:
+        return name if offset == 0 else f"{name} - {offset}" if offset > 0 else f"{name} + {-offset}"
+    index = ", ".join(shifted(n, x - y) for n, x, y in zip(names, a.index, b.index))
     return f"{a.family}[{', '.join(names)}] after {a.family}[{index}] @ {rank}"
+
+
+def _writes_what_it_reads(concrete: Concrete, writer: int, reader: int) -> bool:
+    """Whether instance `writer` writes elements that instance `reader` reads (peers' staged copies of
+    caller tensors aside: those are read before anything is written)."""
+    tensors = concrete.schedule.tensors
+    mine = [a for a in concrete.accesses if a.instance == writer and a.write and not a.empty]
+    for read in (a for a in concrete.accesses if a.instance == reader and not a.write and not a.empty):
+        if read.region.owner is not None and tensors[read.region.tensor].role in (ir.Role.IN, ir.Role.INOUT):
+            continue
+        if any(w.region.tensor == read.region.tensor and w.copy == read.copy
+               and all(p < y and q < x for p, x, q, y in zip(w.lo, w.hi, read.lo, read.hi)) for w in mine):
+            return True
+    return False
