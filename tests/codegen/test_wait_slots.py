@@ -78,7 +78,7 @@ def _meaning_slots(done: meaning.Concrete, schedule: ir.Schedule, producer: ir.F
 def check_waits(source: str, world: int, sizes: dict | None = None, path: str = "<generated>") -> tuple[int, int]:
     """(waits compared, waits left to emulation); raises AssertionError naming the first mismatch."""
     done_check = pipeline.run(source, until="check", path=path)
-    schedule = done_check.schedule
+    schedule = plan._resolve_splits(done_check.schedule, done_check.schedule.consts)  # `split PIECES`: its value
     sizes = sizes if sizes is not None else meaning.default_sizes(schedule, world)
     done = meaning.instantiate(schedule, world, sizes, accesses=False)
     values = meaning._size_values(schedule, world, sizes)

@@ -2,7 +2,7 @@
 
 One function per program: keyword arguments named as the program's in and inout tensors, each a list
 of every rank's tensor (index = rank); the result maps each out and inout tensor to a list of every
-rank's expected value. Nothing here reads a .tds file or imports tiledsl, so a mistake in the parser,
+rank's expected value, None for an out tensor a rank never writes (it keeps what the caller passed). Nothing here reads a .tds file or imports tiledsl, so a mistake in the parser,
 the schedule or the reference cannot appear both in a program's run and in its expectation.
 Everything is computed in float64, whatever the inputs' dtype: the caller picks the tolerance."""
 from __future__ import annotations
@@ -119,6 +119,27 @@ def hier_gemm_rs(A, B):
     return gemm_rs(A, B)
 
 
+# the rings pass blocks from rank to rank instead of reading every peer: the same collectives
+def ring_allgather(X):
+    return allgather(X)
+
+
+def ring_reduce_scatter(X):
+    return reduce_scatter(X)
+
+
+# ---- work on some ranks only: None is a rank's tensor that nothing writes (it keeps what was passed) ------
+
+def reduce_root(X):
+    """Rank 0 ends with the sum over ranks; the other ranks' Y is not written."""
+    return {"Y": [sum(_wide(X))] + [None] * (len(X) - 1)}
+
+
+def chain_broadcast(X):
+    """Every rank's X becomes rank 0's."""
+    return {"X": [X[0].double().clone() for _ in X]}
+
+
 # ---- attention: torch's scaled_dot_product_attention on the whole sequence --------------------------
 
 def _sdpa(q, k, v, causal: bool) -> torch.Tensor:
@@ -172,4 +193,5 @@ def flash_decode(Q, K, V, Lens):
 EXPECTATIONS = {f.__name__: f for f in (
     copy, gemm, allgather, reduce_scatter, allreduce, allreduce_two_shot, allreduce_out, ag_gemm, ag_gemm_push,
     gemm_rs, gemm_rs_ce, gemm_rs_pull, gemm_rs_push, gemm_ar, allreduce_rmsnorm, sp_ag_attention, sp_ulysses,
-    flash_decode, hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs)}
+    flash_decode, hier_allgather, hier_reduce_scatter, hier_allreduce, hier_ag_gemm, hier_gemm_rs, ring_allgather,
+    ring_reduce_scatter, reduce_root, chain_broadcast)}

@@ -5,8 +5,9 @@ instance on every rank is enumerated, and races, deadlocks, accesses out of boun
 NVSHMEM signal reaches and families that wait on each other are found by brute force over the
 instance graph. `confirm` checks a witness (tiledsl/schedule/witness.py) against the same graph.
 
-The rules are the ones of the issue "One meaning for a schedule": an edge to an index or rank
-outside the producer's instances means no wait; each rank runs the families one after another in
+The rules are the ones of the issue "One meaning for a schedule": a family has instances on the ranks
+its `if` holds on (every rank without one); an edge to an index or rank outside the producer's
+instances means no wait; a family may wait on its own instances on other ranks (a ring); each rank runs the families one after another in
 the family sequence (producer first, ties in source order), each family's instances sorted by its
 order keys and then the index; a deadlock is a cycle in waits plus that serial order; a race is two
 overlapping accesses to one rank's copy, one a write, with no path of waits between them."""
@@ -33,6 +34,14 @@ def _value(expr: sympy.Expr, values: tuple) -> int:
     if not result.is_Integer:
         raise ValueError(f"{expr} is {result}, not an integer, at {by_name}")
     return int(result)
+
+
+def _holds(condition, env: dict[str, int]) -> bool:
+    """A condition over sizes and rank (a family's `if`) with every symbol replaced by its value."""
+    condition = sympy.sympify(condition)
+    if condition in (sympy.true, sympy.false):
+        return bool(condition)
+    return bool(condition.subs({s: env[s.name] for s in condition.free_symbols}))
 
 
 def evaluate(expr, env: dict[str, int]) -> int:
@@ -67,6 +76,7 @@ class Graph:
     extents: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)  # (family, rank) -> extents
     accesses: list[Access] = field(default_factory=list)
     out_of_bounds: list[OutOfBounds] = field(default_factory=list)
+    space: dict[str, tuple[int, ...]] = field(default_factory=dict)  # family -> its index extents, every rank's
     waits: dict[Point, list[tuple[Point, int]]] = field(default_factory=dict)  # consumer -> (producer, edge)
     # (consumer, edge, producer) where an edge names an instance or rank that does not exist: no wait
     skipped: list[tuple[Point, int, Point]] = field(default_factory=list)
@@ -87,8 +97,11 @@ def build(schedule: ir.Schedule, at: At) -> Graph:
     shapes = {name: tuple(evaluate(d, env) for d in t.shape) for name, t in schedule.tensors.items()}
     ranged = _ranged_slices(schedule.program)
     for family in schedule.families.values():
+        graph.space[family.name] = tuple(max(0, evaluate(e, {**env, "rank": 0})) for _, e in family.indices)
         for rank in range(at.world):
-            extents = tuple(max(0, evaluate(e, {**env, "rank": rank})) for _, e in family.indices)
+            # `if rank == 0`: instances on the ranks where the condition holds, none elsewhere
+            runs = _holds(family.runs_on, {**env, "rank": rank})
+            extents = tuple(max(0, evaluate(e, {**env, "rank": rank})) if runs else 0 for _, e in family.indices)
             graph.extents[family.name, rank] = extents
             for index in itertools.product(*map(range, extents)):
                 point = Point(family.name, index, rank)
@@ -184,7 +197,7 @@ def producers(graph: Graph, edge: ir.Edge, consumer: Point, skipped: list | None
         ranks = [consumer.rank]
     found = []
     for rank in ranks:
-        extents = graph.extents[edge.producer, 0]  # index extents do not depend on the rank
+        extents = graph.space[edge.producer]  # index extents do not depend on the rank (instances may)
         choices = [range(n) if m is None else [evaluate(m, env)] for m, n in zip(edge.index_map, extents)]
         for index in itertools.product(*choices):
             point = Point(edge.producer, tuple(index), rank)

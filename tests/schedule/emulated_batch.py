@@ -10,7 +10,7 @@ import torch
 
 from tiledsl.runtime.emulate import run_ranks
 from tiledsl.runtime.reference import Reference
-from tiledsl.runtime.run_program import EMULATED_DTYPES, Verdict, compare, make_inputs
+from tiledsl.runtime.run_program import EMULATED_DTYPES, Verdict, compare, make_inputs, written_ranks
 
 CALLS = 2  # calls per program, each on fresh inputs
 
@@ -24,6 +24,8 @@ class Job:
     expected: list[list]    # per call, per rank: every tensor after the call (float64)
     outputs: list[str]      # the out and inout tensors, compared after each call
     dtypes: dict[str, str]  # of the outputs, as emulated
+    compared: dict[str, list[int]]  # per output, the ranks whose copy some instance writes (the others
+    # keep what the caller passed: NaN here); every rank for inout tensors
 
 
 def job(schedule, source: str, world: int, sizes: dict, seed: int = 0) -> Job:
@@ -32,7 +34,11 @@ def job(schedule, source: str, world: int, sizes: dict, seed: int = 0) -> Job:
     expected = [reference.run(given) for given in inputs]
     outputs = [n for n, t in schedule.tensors.items() if t.role.value in ("out", "inout")]
     dtypes = {n: EMULATED_DTYPES.get(schedule.tensors[n].dtype, schedule.tensors[n].dtype) for n in outputs}
-    return Job(source, [reference.shapes(rank) for rank in range(world)], inputs, expected, outputs, dtypes)
+    written = written_ranks(schedule, world, sizes, {})
+    compared = {n: [r for r in range(world) if r in written[n] or schedule.tensors[n].role.value == "inout"]
+                for n in outputs}
+    return Job(source, [reference.shapes(rank) for rank in range(world)], inputs, expected, outputs, dtypes,
+               compared)
 
 
 def run_batch(jobs: list[Job], world: int, wait_timeout_s: float = 2.0) -> list[list[Verdict] | str]:
@@ -50,8 +56,17 @@ def run_batch(jobs: list[Job], world: int, wait_timeout_s: float = 2.0) -> list[
         found = []
         for call in range(CALLS):
             for name in j.outputs:
-                got = [torch.from_numpy(results[rank][n][call][name]) for rank in range(world)]
-                want = [j.expected[call][rank][name] for rank in range(world)]
+                ranks = j.compared[name]
+                touched = [rank for rank in range(world) if rank not in ranks
+                           and not torch.isnan(torch.from_numpy(results[rank][n][call][name]).double()).all()]
+                if touched:  # written on a rank where no instance writes it
+                    found.append(Verdict(name, False, float("inf"), f", call {call + 1}; written on rank {touched[0]}, "
+                                                                    "where no instance writes it"))
+                    continue
+                if not ranks:
+                    continue
+                got = [torch.from_numpy(results[rank][n][call][name]) for rank in ranks]
+                want = [j.expected[call][rank][name] for rank in ranks]
                 verdict = compare(name, got, want, j.dtypes[name], f", call {call + 1}")
                 if not torch.isfinite(torch.cat([g.double().flatten() for g in got])).all():
                     verdict.ok = False  # NaN (never written) or Inf: a failure whatever the tolerance says

@@ -4,10 +4,11 @@
 over 1-D and 2-D f32 tensors: elementwise tiles, copies, sums over every rank's copy, tiles with two
 stores, chunks on the copy engine, on SM programs (pulls, puts, `reduce add`) and NVSHMEM puts,
 ragged (`cdiv`) and exact index spaces, affine edges (`- 1`, `+ 1`, floor division by a const, `*`,
-`min`), edges from a family to itself, to other ranks and `@ every rank`, orders and `split 2`.
+`min`), edges from a family to itself (on its own rank and on others: rings and chains), to other
+ranks and `@ every rank`, families on some ranks only (`if rank == 0`), orders and `split 2`.
 
 Each program is built from a pattern (a local pipeline, an all-reduce, a pull, a put, an all-gather,
-a reduce-add, a scan) whose edges the generator can state exactly; every dependency is then written
+a reduce-add, a scan, a store-and-forward ring, a chained broadcast, a reduction to a root) whose edges the generator can state exactly; every dependency is then written
 exactly (most of the time, so that a good share of programs is race free), coarsely (`*` and
 `@ every rank`), left out, or perturbed, and some edges, self-edges and orders are added at random.
 The generator does not decide whether a program is correct: the checkers do."""
@@ -77,7 +78,8 @@ class Dep:
 
     def text(self) -> str:
         at = "" if self.ranks is None else f" @ {self.ranks}"
-        return f"{self.family}[{', '.join(self.index)}]{at}"
+        index = f"[{', '.join(self.index)}]" if self.index else ""  # a family of one instance has no index
+        return f"{self.family}{index}{at}"
 
 
 @dataclass
@@ -92,14 +94,18 @@ class Family:
     deps: list[Dep] = field(default_factory=list)
     # the engine this chunk falls back to if it waits on something the copy engine cannot wait on
     fallback: str = "sms(2)"
+    guard: str | None = None  # `rank == 0`: the family runs on those ranks only
 
     def line(self, kernel_families: set[str]) -> str:
         engine = self.engine
-        if engine == "copy_engine" and not all(_copy_engine_can_wait(d, kernel_families) for d in self.deps):
-            engine = self.fallback
+        if engine == "copy_engine" and (self.guard or not all(_copy_engine_can_wait(d, kernel_families)
+                                                              for d in self.deps)):
+            engine = self.fallback  # the host issues a copy-engine chunk on every rank
         on = f" on {engine}" if engine else ""
         split = " split 2" if self.split and engine != "copy_engine" else ""
-        return f"{self.kind} {self.name}[{', '.join(self.space)}]{on}{split}: {self.body}"
+        guard = f" if {self.guard}" if self.guard else ""
+        space = f"[{', '.join(self.space)}]" if self.space else ""
+        return f"{self.kind} {self.name}{space}{on}{split}{guard}: {self.body}"
 
 
 def _copy_engine_can_wait(dep: Dep, kernel_families: set[str]) -> bool:
@@ -114,6 +120,10 @@ PEERS = ["((rank + 1) mod world)", "((rank + world - 1) mod world)", "((rank + 2
 # who wrote this rank's copy when the writer on rank r wrote the copy of PEERS[k]
 WRITERS = ["((rank + world - 1) mod world)", "((rank + 1) mod world)", "((rank + world - 2) mod world)", None]
 WRONG_RANKS = ["every rank", "((rank + 1) mod world)", "(rank - 1)", "(rank + 1)", "0", None]
+# a family's wait on its own instances on another rank
+SELF_RANKS = ["((rank + world - 1) mod world)", "((rank + 1) mod world)", "(rank - 1)", "every rank"]
+# who runs a family that runs on some ranks only
+GUARDS = ["rank == 0", "rank == 1", "rank != 0", "rank < world - 1", "rank > 0"]
 
 
 class Program:
@@ -214,7 +224,7 @@ class Program:
                 dep.index[k] = f"{dep.index[k]} {self.pick(['+ 1', '- 1'])}"
             elif how == "drop":
                 del deps[target]
-            elif dep.family != consumer.name:  # a family waits on its own instances on its own rank only
+            else:
                 dep.ranks = self.pick(WRONG_RANKS)
             consumer.deps.extend(deps)
             self.intent.append(f"perturbed wait of {consumer.name}: {how}")
@@ -244,8 +254,11 @@ class Program:
 
     # ---- random extras ------------------------------------------------------------------------------
     def extras(self) -> None:
+        ordered = {line.split()[1] for line in self.orders}
         for family in self.families:
             names = family.names
+            if not names:
+                continue  # one instance: nothing to chain or order
             if family.engine != "copy_engine" and self.chance(0.3):
                 index = list(names)
                 k = self.rnd.randint(0, len(index) - 1)
@@ -254,9 +267,11 @@ class Program:
                 if len(index) > 1 and self.coin():
                     other = 1 - k if len(index) == 2 else (k + 1) % len(index)
                     index[other] = f"{index[other]} {self.pick(['- 1', '+ 1'])}"
-                family.deps.append(Dep(family.name, index))
-                self.intent.append(f"self-edge on {family.name}")
-            if self.chance(0.3):
+                # on its own rank, or on another (a ring's forwarding wait, or a chain's)
+                ranks = self.pick([None, None, None] + SELF_RANKS)
+                family.deps.append(Dep(family.name, index, ranks))
+                self.intent.append(f"self-edge on {family.name}" + (f" @ {ranks}" if ranks else ""))
+            if self.chance(0.3) and family.name not in ordered:
                 self.orders.append(f"order {family.name} by {self.order_keys(names)}")
         families = self.families
         if len(families) >= 2 and self.chance(0.04):
@@ -277,6 +292,8 @@ class Program:
             keys = ["j, i", "-j", "(i - rank) mod world, -j", "i + j", "-i, j"]
         elif names == ["s"]:
             keys = ["(s - rank) mod world", "-s", "(s + rank) mod world"]
+        elif len(names) == 1:  # a ring's steps
+            keys = [f"-{names[0]}", f"({names[0]} + rank) mod world", f"{names[0]} mod 2"]
         else:
             first = names[0]
             keys = [f"({first} - rank) mod world", f"{names[1]}, {first}", f"-{names[1]}", f"-{first}"]
@@ -295,7 +312,8 @@ class Program:
         lines += [f.line(kernel) for f in self.families]
         for f in self.families:
             if f.deps:
-                lines.append(f"{f.name}[{', '.join(f.names)}] after {', '.join(d.text() for d in f.deps)}")
+                lines.append(f"{f.name}{'[' + ', '.join(f.names) + ']' if f.names else ''} after "
+                         f"{', '.join(d.text() for d in f.deps)}")
         lines += self.orders
         return "\n".join(lines) + "\n"
 
@@ -507,7 +525,120 @@ def scan(p: Program) -> None:
     p.depend(step, [Dep(load.name, ["i"] + here), Dep(load.name, ["i + 1"] + here), Dep(step.name, ["i - 1"] + here)])
 
 
-PATTERNS = [local_chain, local_chain, all_reduce, pull, put, gather, reduce_add, scan]
+def ring(p: Program) -> None:
+    """A store-and-forward ring (an all-gather): at step t every rank passes on the block it received at
+    step t - 1 (at step 0 its own), pushing it into the next rank's copy or pulling it from the previous
+    rank's, by tiles or SM chunks, in row tiles or whole blocks. A step waits on the previous rank's
+    step before it: a family's wait on itself on another rank, written exactly (most of the time),
+    reversed, on the same step (a cycle around the ring), the wrong way round, without `mod world`,
+    on every rank, or not at all; sometimes ordered backwards."""
+    p.tensor("in", "X")
+    p.tensor("out", "Y", "world * N")
+    p.tensor("symm", "R", "world * N")
+    push, chunk = p.coin(), p.coin()
+    block, size = p.block()
+    whole = chunk and p.coin()  # a chunk may move a rank's whole block: no index but the step
+    if not whole:  # a row tile never runs into the next rank's block
+        p.multiple["N"] = math.lcm(p.multiple["N"], size)
+    width = ", :" if p.two_d else ""
+    names, space = (["t"], ["t in world - 1"]) if whole else (["t", "i"], ["t in world - 1", f"i in N / {block}"])
+    rows = (lambda at: f"[{at}*N : +N{width}]") if whole else (lambda at: f"[{at}*N + i*{block} : +{block}{width}]")
+    p.family("tile", "own", names[1:], space[1:], f"R{rows('rank')} = X{rows('0')}" if whole else
+             f"R{rows('rank')} = X[i*{block} : +{block}{width}]")
+    previous = "((rank + world - 1) mod world)"
+    if push:
+        at = "((rank - t) mod world)"
+        source, target = f"R{rows(at)}", f"R@((rank + 1) mod world){rows(at)}"
+    else:
+        at = "((rank - 1 - t) mod world)"
+        source, target = f"R@{previous}{rows(at)}", f"R{rows(at)}"
+    if chunk:
+        fwd = p.family("chunk", "fwd", names, space, f"{source} -> {target}", engine=p.pick(["sms(1)", "sms(2)"]))
+    else:
+        fwd = p.family("tile", "fwd", names, space, f"{target} = {source}")
+    own_index = names[1:]
+    fwd.deps.append(Dep("own", own_index, None if push else previous))
+    step = ["t - 1"] + names[1:]
+    how = p.pick(["exact"] * 12 + ["missing", "reversed", "same", "backwards", "linear", "every", "order"])
+    if how == "exact":
+        fwd.deps.append(Dep("fwd", step, previous))
+    elif how == "reversed":
+        fwd.deps.append(Dep("fwd", ["t + 1"] + names[1:], previous))
+    elif how == "same":
+        fwd.deps.append(Dep("fwd", list(names), previous))
+    elif how == "backwards":
+        fwd.deps.append(Dep("fwd", step, "((rank + 1) mod world)"))
+    elif how == "linear":
+        fwd.deps.append(Dep("fwd", step, "(rank - 1)"))
+    elif how == "every":
+        fwd.deps.append(Dep("fwd", step, "every rank"))
+    elif how == "order":
+        fwd.deps.append(Dep("fwd", step, previous))
+        p.orders.append(f"order fwd by {p.pick(['-t', '(t + rank) mod world', 'i, t' if not whole else '-t'])}")
+    if how != "exact":
+        p.intent.append(f"ring wait: {how}")
+    g = p.grid(rows="world * N", tile_columns=False)
+    use = p.family("tile", "use", g.names, g.space(p.width), f"Y{g.region()} = {p.value(f'R{g.region()}')}")
+    use.deps += [Dep("own", ["*"] * len(own_index)), Dep("fwd", ["*"] * len(names), previous if push else None)]
+
+
+def chain(p: Program) -> None:
+    """A chained broadcast from rank 0: `seed` runs on rank 0 only, `hop` on the others, each block
+    taken from the rank before as soon as it has it (a wait on itself on the previous rank, which
+    the guard on rank 0 starts); then every rank copies the blocks out. Sometimes the guards are
+    missing or wrong, or a wait is."""
+    p.tensor("in", "X")
+    p.tensor("out", "Y")
+    p.tensor("symm", "B")
+    g = p.grid()
+    previous = p.pick(["(rank - 1)", "((rank + world - 1) mod world)"])
+    seed = p.family("tile", "seed", g.names, g.space(p.width), f"B{g.region()} = {p.value(f'X{g.region()}')}")
+    seed.guard = "rank == 0"
+    if p.coin():
+        hop = p.family("chunk", "hop", g.names, g.space(p.width), f"B@{previous}{g.region()} -> B{g.region()}",
+                       engine=p.pick(["sms(1)", "sms(2)"]))
+    else:
+        hop = p.family("tile", "hop", g.names, g.space(p.width), f"B{g.region()} = B@{previous}{g.region()}")
+    hop.guard = p.pick(["rank != 0"] * 6 + ["rank > 0", "rank != 1", None])
+    if hop.guard in ("rank != 1", None):
+        p.intent.append(f"hop guard: {hop.guard}")
+    if p.chance(0.15):
+        seed.guard = p.pick(["rank == 1", None])
+        p.intent.append(f"seed guard: {seed.guard}")
+    hop.deps.append(Dep("seed", list(g.names), previous))
+    if p.chance(0.85):
+        hop.deps.append(Dep("hop", list(g.names), previous))
+    else:
+        p.intent.append("no wait of hop on the previous rank's hop")
+    g2 = p.grid(like=g)
+    use = p.family("tile", "use", g2.names, g2.space(p.width), f"Y{g2.region()} = {p.value(f'B{g2.region()}')}")
+    p.depend(use, [Dep(f, idx) for f in ("seed", "hop") for idx in p.covering(g2, g)],
+             [Dep(f, ["*"] * len(g.names)) for f in ("seed", "hop")])
+
+
+def to_root(p: Program) -> None:
+    """A reduction on one rank only (`if rank == R`): into an out tensor left unwritten elsewhere, or
+    into a symm tensor that every rank then reads from the root (an all-reduce through a root), whose
+    wait names the root, another rank, or every rank."""
+    p.tensor("in", "X")
+    p.tensor("out", "Y")
+    g = p.grid()
+    root = p.pick(["0", "1", "world - 1"])
+    if p.coin():
+        red = p.family("tile", "red", g.names, g.space(p.width), f"Y{g.region()} = sum(X@s{g.region()} for s in world)")
+        red.guard = p.pick([f"rank == {root}"] * 4 + GUARDS)
+        return
+    p.tensor("symm", "T")
+    red = p.family("tile", "red", g.names, g.space(p.width), f"T{g.region()} = sum(X@s{g.region()} for s in world)")
+    red.guard = f"rank == {root}"
+    g2 = p.grid(like=g)
+    back = p.family("tile", "back", g2.names, g2.space(p.width), f"Y{g2.region()} = {p.value(f'T@({root}){g2.region()}')}")
+    wrong = "0" if root != "0" else "1"
+    p.depend(back, [Dep("red", idx, f"({p.pick([root] * 6 + [wrong])})") for idx in p.covering(g2, g)],
+             [Dep("red", ["*"] * len(g.names), "every rank")])
+
+
+PATTERNS = [local_chain, local_chain, all_reduce, pull, put, gather, reduce_add, scan, ring, chain, to_root]
 
 
 def generate(seed: int) -> Generated:

@@ -96,6 +96,9 @@ class Family:
     head: tuple[Statement, ...] = ()                     # once per program, before its instances (aranges)
     lets: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()  # let names its kernel code uses, in order
     warps: int = 4                                       # warps its largest block needs (codegen/blocks.py)
+    # `if rank == root`: the ranks its programs run it on (over rank, params, consts, world and topology
+    # sizes: what the kernel's dispatch has); true on every rank
+    runs_on: sympy.Basic = sympy.true
 
     @property
     def count(self) -> sympy.Expr:
@@ -305,7 +308,7 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
         order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, body=body,
         notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
         host=None if on_sms else _host_copy(schedule, family), product=product, tma_target=tma_target,
-        blocks=blocks, head=head, warps=warps)
+        blocks=blocks, head=head, warps=warps, runs_on=meaning.runs_at(family, ir.RANK))
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
 
 
@@ -371,8 +374,10 @@ def _waits(schedule: ir.Schedule, family: ir.Family, kernel, reach: dict):
             instance = instance * kernel(extent) + i
         # the producer's parts are consecutive slots, read at once (sync.wait_parts)
         slot = kernel(writer) * _slots(producer, kernel) + instance * producer.split
+        # a producer with an `if` has instances on the writer's rank only where it holds there
+        exists = sympy.And(kernel(target.exists), meaning.runs_at(producer, writer))
         yield Wait(number, source_line(schedule, edge.span), producer.name, tuple(loops), slot,
-                   kernel(target.exists), shmem, producer.split,
+                   exists, shmem, producer.split,
                    (span * producer.split if stride == 1 else span) if run else None, stride)
 
 
@@ -412,7 +417,8 @@ def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
                 f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; "
                 f"`{edge.producer}` at {source_line(schedule, edge.span)} is not one")
         count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
-        waits.append(HostWait(number, producer.name, first, count, meaning.target(schedule, edge).exists))
+        exists = sympy.And(meaning.target(schedule, edge).exists, meaning.runs_at(producer, ir.RANK))
+        waits.append(HostWait(number, producer.name, first, count, exists))
 
     def region(r: ir.Region) -> HostRegion:
         return HostRegion(r.tensor, r.owner, tuple((d.start, d.size if d.kept else None) for d in r.dims))

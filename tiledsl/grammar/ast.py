@@ -141,6 +141,15 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """`if rank == root` after a family's index list: the ranks it has instances on."""
+    left: Expr
+    op: str  # == != <= >= < >
+    right: Expr
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class ParamDecl:
     names: tuple[Name, ...]
     span: Span = field(compare=False)
@@ -198,6 +207,7 @@ class ChunkDecl:
     target: Expr
     reduce: Name | None
     span: Span = field(compare=False)
+    guard: Guard | None = None  # `if rank == root`: instances on those ranks only
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,7 @@ class TileDecl:
     engine: Engine | None
     body: tuple[Statement, ...]  # an inline body holds assignments only
     span: Span = field(compare=False)
+    guard: Guard | None = None  # `if rank == root`: instances on those ranks only
 
 
 @dataclass(frozen=True)

@@ -157,15 +157,18 @@ class _Builder(Transformer):
 
     # families
     def chunk_decl(self, meta, children):
-        name, indices, engine, split, source, target, reduce = children
+        name, indices, engine, split, guard, source, target, reduce = children
         return ast.ChunkDecl(self._name(name, True), indices or (), engine, split, source, target, reduce,
-                             _span(meta))
+                             _span(meta), guard)
 
     def tile_decl(self, meta, children):
-        name, indices, engine, *body = children
+        name, indices, engine, guard, *body = children
         if len(body) == 1 and isinstance(body[0], _Block):
             body = body[0].statements
-        return ast.TileDecl(self._name(name, True), indices or (), engine, tuple(body), _span(meta))
+        return ast.TileDecl(self._name(name, True), indices or (), engine, tuple(body), _span(meta), guard)
+
+    def guard(self, meta, children):
+        return ast.Guard(children[0], str(children[1]), children[2], _span(meta))
 
     def instances(self, meta, children):
         return children[0]

@@ -48,7 +48,8 @@ class EmulatedHeap(SymmetricHeap):
         self._next = (start + nbytes + ALIGN - 1) // ALIGN * ALIGN
         if self._next > ARENA_BYTES:
             raise MemoryError(f"emulated symmetric heap is full ({ARENA_BYTES // 2**20} MiB per rank)")
-        tensor = self.arenas[self.rank][start:start + nbytes].view(dtype).view(shape)
+        # a tensor of no elements (a family with no instances at this world) still takes an element's room
+        tensor = self.arenas[self.rank][start:start + nbytes].view(dtype)[:torch.Size(shape).numel()].view(shape)
         self._offset[tensor.data_ptr()] = start
         return tensor
 

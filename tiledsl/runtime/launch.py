@@ -166,7 +166,7 @@ class Program(Issuing):
                 # instances done per first index, zeroed at each call (one per instance is room enough)
                 res[f"count_{spec.name}"] = torch.zeros(counts[spec.name], dtype=torch.int32, device=self.device)
             if spec.notify:
-                slots = counts[spec.name] * spec.split
+                slots = max(1, counts[spec.name] * spec.split)  # a family may have no instance at this world
                 # NVSHMEM writes 64-bit signals (a put's, a signal from another node); other slots are 32-bit
                 dtype = torch.int64 if spec.engine == "nvshmem" or spec.notify == "world" else torch.int32
                 res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots), dtype)

@@ -333,8 +333,9 @@ class Builder:
             if rank:
                 # signal slots and the checker's proof assume one index space on every rank
                 name = min(map(str, rank))
-                self.fail(f"an index space may not depend on `{name}`: every rank runs the same instances",
-                          var.extent.span, hint=f"let the body or an edge depend on {name} instead")
+                self.fail(f"an index space may not depend on `{name}`: every rank has the same indices",
+                          var.extent.span, hint=f"let the body or an edge depend on {name} instead, or run the "
+                                                f"family on some ranks only: `if {name} == 0` before its `:`")
             elif extent is not None:
                 space.append((symbols[var.name.id], extent))
         return symbols, tuple(space)
@@ -350,9 +351,40 @@ class Builder:
             family = values.chunk(decl, scope, space, engine)
         else:
             family = values.tile(decl, scope, space, engine)
-        if self.failures > before or engine is None:
+        guard = self.guard(decl, base, engine)
+        if self.failures > before or engine is None or family is None:
             return None
-        return family
+        return _replace(family, runs_on=guard) if guard is not sympy.true else family
+
+    def guard(self, decl, scope: _Scope, engine: ir.Engine | None) -> sympy.Basic:
+        """`if rank == root`: a condition on rank and sizes (not on the family's indices: an index space
+        is the same on every rank). Instances exist only where it holds."""
+        guard = decl.guard
+        if guard is None:
+            return sympy.true
+        indices = {v.name.id for v in decl.indices}
+        named = [n for n in _names(guard.left) + _names(guard.right) if n.id in indices]
+        if named:
+            self.fail(f"`if` chooses the ranks a family runs on; '{named[0].id}' is one of its indices",
+                      named[0].span, hint="an index space is the same on every rank: give the index a smaller "
+                                          "extent, or let an edge or the body depend on it")
+            return sympy.true
+        left, right = self.size(guard.left, scope), self.size(guard.right, scope)
+        if left is None or right is None:
+            return sympy.true
+        holds = {"==": sympy.Eq, "!=": sympy.Ne, "<=": sympy.Le, ">=": sympy.Ge, "<": sympy.Lt,
+                 ">": sympy.Gt}[guard.op](left, right)
+        if holds is sympy.false:
+            self.fail(f"'{decl.name.id}' runs on no rank: the condition never holds", guard.span)
+        elif holds is sympy.true:
+            return holds
+        elif not holds.free_symbols & set(RANK_NAMES.values()):
+            self.fail("`if` chooses the ranks a family runs on: the condition must name rank (or node, "
+                      "local_rank)", guard.span, hint="a condition on sizes alone is a launch condition: `require`")
+        elif engine is not None and engine.kind is ir.EngineKind.COPY_ENGINE:
+            self.fail("a copy-engine chunk is issued by the host on every rank; on some ranks only, run it on SM "
+                      "programs", guard.span, hint="on sms(4)")
+        return holds
 
     # ---- edges, order, placement ----------------------------------------------------------------
     def edges(self, decl: ast.EdgeDecl, families: dict[str, ir.Family]) -> list[ir.Edge]:
@@ -390,8 +422,8 @@ class Builder:
             rank_var, rank_expr, rank_extent = self.ranks_for(dep.ranks, scope)
         else:
             ranks, rank_expr = ir.RankSet.AT, self.size(dep.ranks, scope)
-        if producer.name == consumer.name and (ranks is not ir.RankSet.LOCAL or loop is not None):
-            self.fail("a family may only wait on its own instances on the same rank, before it starts", dep.span)
+        if producer.name == consumer.name and loop is not None:
+            self.fail("a family may only wait on its own instances before it starts", dep.span)
         if self.failures > before:
             return None
         return ir.Edge(consumer.name, producer.name, index_map, ranks, rank_expr, dep.span, rank_var, rank_extent,
@@ -438,8 +470,23 @@ class Builder:
         if family is None:
             return
         engine = self.engine(decl.engine, family.kind, _Scope(self.sizes))
-        if engine is not None:
+        if engine is not None and engine.kind is ir.EngineKind.COPY_ENGINE and family.runs_on is not sympy.true:
+            self.fail("a copy-engine chunk is issued by the host on every rank; this one runs on some ranks only "
+                      "(`if` at its declaration)", decl.engine.span, hint="on sms(4)")
+        elif engine is not None:
             families[family.name] = _replace(family, engine=engine)
+
+
+def _names(expr: ast.Expr) -> list[ast.Name]:
+    """Every name an expression mentions, in order."""
+    if isinstance(expr, ast.Name):
+        return [expr]
+    found = []
+    for value in vars(expr).values():
+        for item in value if isinstance(value, tuple) else (value,):
+            if hasattr(item, "__dataclass_fields__") and not isinstance(item, ast.Span):
+                found += _names(item)
+    return found
 
 
 def _tensor_name(base: ast.Expr) -> str | None:

@@ -16,7 +16,7 @@ from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     per_schedule, ragged_sizes, small_sizes, topologies)
+                                     per_schedule, ragged_sizes, runs_on, small_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -260,6 +260,9 @@ def _skipped(concrete: Concrete):
         edge = schedule.edges[skipped.edge]
         if edge.producer == edge.consumer:
             continue  # the start of a chain, `t[i] after t[i - 1]` at i = 0
+        if 0 <= skipped.rank < concrete.world and not runs_on(
+                schedule, schedule.families[edge.producer], concrete.world, concrete.sizes, skipped.rank, concrete.nodes):
+            continue  # a rank its `if` leaves out: waiting on it there is waiting on whatever runs there
         consumer = concrete.instances[skipped.consumer]
         wanted = f"{edge.producer}{index_text(skipped.index)}"
         if skipped.rank != consumer.rank or edge.ranks is not ir.RankSet.LOCAL:
@@ -283,13 +286,17 @@ def _skipped(concrete: Concrete):
 
 
 def _self_waits(concrete: Concrete):
-    """`mm[i] after mm[i-1]`: a family runs its instances in order, so it may only wait on earlier ones."""
+    """`mm[i] after mm[i-1]`: a family runs its instances in order, so it may only wait on earlier ones
+    of its own rank. A wait on its instances on other ranks (a ring: `step[t] after step[t - 1] @
+    ((rank - 1) mod world)`) is judged by the cycle search, with every rank's order (meaning.py)."""
     schedule = concrete.schedule
     for wait in concrete.waits:
         edge = schedule.edges[wait.edge]
         if edge.producer != edge.consumer:
             continue
-        late = [p for p in wait.producers if concrete.order[p] >= concrete.order[wait.consumer]]
+        rank = concrete.instances[wait.consumer].rank
+        late = [p for p in wait.producers if concrete.instances[p].rank == rank
+                and concrete.order[p] >= concrete.order[wait.consumer]]
         if late:
             consumer, producer = concrete.instances[wait.consumer], concrete.instances[late[0]]
             what = "itself" if late[0] == wait.consumer else f"{at(producer)}, which comes after it"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sympy
 
 from tiledsl.schedule import ir
+from tiledsl.schedule.intcode import code
 
 
 def describe(schedule: ir.Schedule) -> str:
@@ -63,6 +64,8 @@ def _family(family: ir.Family) -> list[str]:
         head += f" split {family.split}"
     if family.reduce:
         head += f" reduce {family.reduce}"
+    if family.runs_on is not sympy.true:
+        head += f" if {code(family.runs_on, kernel=False)}"
     lines = [f"  {head:<60} # line {family.span.line}"]
     for label, regions in (("reads", family.reads), ("writes", family.writes)):
         if regions:

@@ -249,6 +249,9 @@ class Family:
     body: tuple[Statement, ...] = ()
     # with a loop: when each of `reads + writes` happens; empty without one
     phases: tuple[Phase, ...] = ()
+    # `if rank == root`: the ranks it has instances on, a condition over sizes and rank (and the topology's
+    # names); elsewhere it has none. Its index space, and so its signal slots, are the same everywhere
+    runs_on: sympy.Basic = sympy.true
 
     def parts(self, consts: dict[str, int]) -> int:
         """The parts of one instance (`split`) with these const values."""

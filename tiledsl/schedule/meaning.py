@@ -2,9 +2,13 @@
 reference runs it; none of them has rules of its own about which instances exist, in which order a
 rank runs them, or what an edge waits for.
 
+- **Instances**: a family has one instance per point of its index space on every rank its `if` holds
+  on (`tile red[i in N/B] if rank == 0`), none on the others; the index space, and so each rank's
+  signal slots, are the same everywhere.
 - **Family sequence**: a rank runs its families one after another, producers before consumers (edges
-  from a family to itself aside), ties in source order. On a GPU the families that share programs run
-  in this order and the others run beside them; emulated, every family runs in it.
+  from a family to itself aside, on its own rank or another), ties in source order. On a GPU the
+  families that share programs run in this order and the others run beside them; emulated, every
+  family runs in it.
 - **Order**: a family runs its instances sorted by its order keys: the program's `order` keys, then the
   code generator's grouping of product tiles (unless the family waits on itself), then the index.
 - **Edges**: a consumer instance waits on the producer instances its edge names. An index or rank that
@@ -16,8 +20,18 @@ rank runs them, or what an edge waits for.
   the producer instance its index map gives for that step's value of the loop variable. Every other
   instance is one node. Waits point at a producer's exit.
 - **Deadlock**: the waits plus each rank's serial order (its families in sequence, each in its order,
-  one instance after another, each instance's nodes in turn) have a cycle. That is the most serial way to run the schedule, the
-  emulator's; a GPU runs a subset of those orders concurrently, so it cannot deadlock if this does not.
+  one instance after another, each instance's nodes in turn) have a cycle. That is the most serial way
+  to run the schedule, the emulator's. A family may wait on its own instances on other ranks (a ring:
+  `step[t] after step[t - 1] @ ((rank - 1) mod world)`): the cycle search runs over every rank's
+  instances at once, each rank in its own order, so such an edge is proved like any other.
+  Why the persistent kernel cannot deadlock where this graph has no cycle: a program spinning on a
+  wait holds every instance queued behind it, and the kernel's programs each run a subsequence of their
+  rank's serial order (program p of P takes slots p, p + P, ... of its family's order, shared programs
+  take their families in sequence); all of them are resident. Take a topological order of the graph:
+  the first unfinished instance in it has its producers done (they come before it) and is at the head
+  of its program's queue (what its program runs before it comes before it in the serial order, so in
+  the topological order): it runs. Emulated, each family is one program in turn. The queues are
+  modelled and run to the end in tests/codegen/test_residency.py.
 - **Race**: two overlapping accesses to one rank's copy of a tensor, at least one a write, that no path
   of waits orders (program order does not count: a family's instances run on many programs at once).
 - **Device values**: a size or index may read a tensor element on the device (`+got[e, s]`,
@@ -204,7 +218,8 @@ def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int, nodes: i
                 for rank in range(world):
                     extents = _extents(schedule, family, world, sizes, rank, nodes)
                     total += math.prod(extents)
-                    too_few |= any(n < 2 and by_param for n, by_param in zip(extents, sized[family.name]))
+                    too_few |= runs_on(schedule, family, world, sizes, rank, nodes) and any(
+                        n < 2 and by_param for n, by_param in zip(extents, sized[family.name]))
             if total > max_instances:
                 break  # larger multiples only have more instances
             if not too_few:
@@ -361,14 +376,23 @@ def _compiled_conditions(schedule: ir.Schedule) -> Callable[..., tuple]:
 
 def _extents(schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int,
              nodes: int = 1) -> tuple[int, ...]:
-    extents = _compiled_extents(schedule, family.name)
-    return tuple(max(0, n) for n in extents(*_size_values(schedule, world, sizes, nodes), rank))
+    """The family's index extents on `rank`: all 0 on a rank its `if` excludes (no instance there)."""
+    *extents, runs = _compiled_extents(schedule, family.name)(*_size_values(schedule, world, sizes, nodes), rank)
+    return tuple(max(0, n) if runs else 0 for n in extents)
+
+
+def runs_on(schedule: ir.Schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int,
+            nodes: int = 1) -> bool:
+    """Whether the family has instances on `rank` as far as its `if` goes (its extents may still be 0)."""
+    return bool(_compiled_extents(schedule, family.name)(*_size_values(schedule, world, sizes, nodes), rank)[-1])
 
 
 @per_schedule
 def _compiled_extents(schedule: ir.Schedule, family: str) -> Callable[..., tuple]:
+    """The extents, then whether the family runs on the rank (its `if`)."""
     indices = schedule.families[family].indices
-    return compile_exprs(tuple(e for _, e in indices), (*size_symbols(schedule), ir.RANK))
+    return compile_exprs((*(e for _, e in indices), schedule.families[family].runs_on),
+                         (*size_symbols(schedule), ir.RANK))
 
 
 # ---- the symbolic meaning: sequence, order, edges ------------------------------------------------
@@ -394,6 +418,15 @@ def family_sequence(schedule: ir.Schedule) -> tuple[str, ...]:
     except nx.NetworkXUnfeasible:
         arcs = nx.find_cycle(graph)
         raise FamilyCycleError(tuple(a for a, _ in arcs), tuple(graph.edges[a, b]["edge"] for a, b in arcs)) from None
+
+
+def runs_at(family: ir.Family, rank) -> sympy.Basic:
+    """Whether `family` has instances on `rank` (an expression: a waiter's own rank, or the one an edge
+    names) as its `if` says: over that rank, the sizes and the topology's sizes (`node` and
+    `local_rank` as what they stand for). sympy.true for a family without an `if`."""
+    if family.runs_on is sympy.true:
+        return sympy.true
+    return family.runs_on.subs(ir.RANK_PARTS).subs(ir.RANK, rank)
 
 
 def waits_on_itself(schedule: ir.Schedule, family: ir.Family) -> bool:

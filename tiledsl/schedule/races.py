@@ -83,6 +83,7 @@ def cycle(concrete: Concrete, successors, via, left: set[int]):
             steps.append((target, producer, via[source - count]))
     # program order within an instance (entry, steps, exit) is no finding of its own: fold it away
     steps = [s for s in steps if not (s[2] is None and _same_instance(concrete, s[0], s[1]))]
+    steps = _serial_runs_folded(steps)
     steps.reverse()  # read as "waits for"
     families = list(concrete.schedule.families)
 
@@ -109,6 +110,22 @@ def cycle(concrete: Concrete, successors, via, left: set[int]):
         f"deadlock: a cycle of waits: {path} (at {sizes_text(concrete)})", edges[first_edge].span,
         notes=notes, hint="each instance waits for the next one, so none of them can start",
         witness=witness)
+
+
+def _serial_runs_folded(steps: list) -> list:
+    """Steps (later, earlier, edge) in happens-before order, each run of serial-order steps (edge None,
+    all on one rank: a rank's serial order is one chain) made one step from its first to its last
+    instance. A ring's cycle passes through every instance a rank runs between the two it waits on:
+    the witness names the two, as a rank's serial order is transitive."""
+    folded: list = []
+    for later, earlier, edge in steps:
+        if edge is None and folded and folded[-1][2] is None:
+            folded[-1] = (later, folded[-1][1], None)
+        else:
+            folded.append((later, earlier, edge))
+    if len(folded) > 2 and folded[0][2] is None and folded[-1][2] is None:  # a run across the cycle's start
+        folded = [(folded[0][0], folded[-1][1], None)] + folded[1:-1]
+    return folded
 
 
 def _same_instance(concrete: Concrete, a: int, b: int) -> bool:
@@ -236,8 +253,12 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
     if a.family == b.family:
         message = (f"instances of {family_text(schedule, a.family)} "
                    f"{'both write' if other.write else 'read and write'} the same elements of {tensor}")
-        hint = ("give each instance its own region" if a.rank != b.rank else
-                f"give each instance its own region, or chain them: {hint}")
+        # a read of what another rank's instance writes: the wait a ring or a chain forgot
+        flow = not other.write and schedule.tensors[tensor].role is not ir.Role.INOUT
+        chain = _ring_edge(concrete, waiter, waited) if a.rank != b.rank and flow else None
+        hint = ("give each instance its own region" if a.rank != b.rank and chain is None else
+                f"add an edge: {chain} (a chain across ranks), or give each instance its own region"
+                if chain is not None else f"give each instance its own region, or chain them: {hint}")
     elif a.rank != b.rank:
         hint += " @ every rank"
     step = concrete.instance_of(concrete.node_of(waiter))[1]
@@ -249,3 +270,43 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                  notes=[Note(f"'{b.family}' {may}s {tensor} here: {at_a} and {at_b} touch the same elements, "
                              f"ordered by no edge (at {sizes_text(concrete)})", waited.region.span)],
                  witness=witness)
+
+
+def _ring_edge(concrete: Concrete, waiter: Access, waited: Access) -> str | None:
+    """The edge that chains two instances of one family on different ranks, by their index and rank
+    offsets: what a ring or a chain whose forwarding wait is missing needs (`step[t, i] after step[t - 1,
+    i] @ ((rank - 1) mod world)`; `hop[i] after hop[i] @ (rank - 1)`). `waiter` is the access that must
+    reads what `waited` writes. None where no edge between the two can be right: the waiter comes
+    earlier in the family's order, or each writes what the other reads (no order of the two is race
+    free)."""
+    a, b = concrete.instances[waiter.instance], concrete.instances[waited.instance]
+    first, then = concrete.order[waited.instance], concrete.order[waiter.instance]
+    if then < first or _writes_what_it_reads(concrete, waiter.instance, waited.instance):
+        return None
+    by = a.rank - b.rank
+    if then > first:  # later in the order: a ring, every rank waiting on the one `by` before it
+        by %= concrete.world
+        rank = f"((rank - {by}) mod world)" if 2 * by <= concrete.world else \
+            f"((rank + {concrete.world - by}) mod world)"
+    else:  # the same place in the order: a chain that starts at the first ranks (around a ring it would wait on itself)
+        rank = f"(rank - {by})" if by > 0 else f"(rank + {-by})"
+    names = concrete.schedule.families[a.family].index_names
+
+    def shifted(name: str, offset: int) -> str:
+        return name if offset == 0 else f"{name} - {offset}" if offset > 0 else f"{name} + {-offset}"
+    index = ", ".join(shifted(n, x - y) for n, x, y in zip(names, a.index, b.index))
+    return f"{a.family}[{', '.join(names)}] after {a.family}[{index}] @ {rank}"
+
+
+def _writes_what_it_reads(concrete: Concrete, writer: int, reader: int) -> bool:
+    """Whether instance `writer` writes elements that instance `reader` reads (peers' staged copies of
+    caller tensors aside: those are read before anything is written)."""
+    tensors = concrete.schedule.tensors
+    mine = [a for a in concrete.accesses if a.instance == writer and a.write and not a.empty]
+    for read in (a for a in concrete.accesses if a.instance == reader and not a.write and not a.empty):
+        if read.region.owner is not None and tensors[read.region.tensor].role in (ir.Role.IN, ir.Role.INOUT):
+            continue
+        if any(w.region.tensor == read.region.tensor and w.copy == read.copy
+               and all(p < y and q < x for p, x, q, y in zip(w.lo, w.hi, read.lo, read.hi)) for w in mine):
+            return True
+    return False
