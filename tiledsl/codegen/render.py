@@ -238,15 +238,24 @@ def call_args(names) -> str:
 
 def wrap(line: str, width: int = WIDTH) -> str:
     """A long line broken inside its brackets: at the commas of the outermost bracket first, then at
-    ` & `, ` + ` or ` - `, continuations aligned under the bracket they are in."""
-    if len(line) > width and _break_point(line, width, []) is None:
+    ` & `, ` + ` or ` - `, continuations aligned under the bracket they are in. Where a comma deep in
+    the line leaves a continuation that cannot break again (`f(a + g(b, c) * d, e)`), the shallowest
+    bracket's breaks go first instead."""
+    lines = _wrap(line, width, commas_first=True)
+    if max(map(len, lines.splitlines())) > width + 10:
+        lines = _wrap(line, width, commas_first=False)
+    return lines
+
+
+def _wrap(line: str, width: int, commas_first: bool) -> str:
+    if len(line) > width and _break_point(line, width, [], commas_first) is None:
         # an expression outside any bracket (a mask, a guard): bracket it so that it can break
         bare = re.match(r"(\s*(?:if |[\w.]+ = ))(.*?)(:?)$", line)
         if bare:
             line = f"{bare[1]}({bare[2]}){bare[3]}"
     out, rest, opens = [], line, []
     while len(rest) > width:
-        cut = _break_point(rest, width, opens)
+        cut = _break_point(rest, width, opens, commas_first)
         if cut is None:
             break
         keep, opens = cut
@@ -255,7 +264,8 @@ def wrap(line: str, width: int = WIDTH) -> str:
     return "\n".join(out + [rest])
 
 
-def _break_point(line: str, width: int, opens: list[int]) -> tuple[int, list[int]] | None:
+def _break_point(line: str, width: int, opens: list[int],
+                 commas_first: bool = True) -> tuple[int, list[int]] | None:
     """(where to cut, the brackets open there) for the best break before `width`: a comma before an
     operator, the shallowest bracket first, the furthest right within it. `opens` are the columns of
     the brackets still open from the lines before."""
@@ -282,7 +292,8 @@ def _break_point(line: str, width: int, opens: list[int]) -> tuple[int, list[int
                 if line.startswith(token, n):
                     keep = n + 1 if token == ", " else n
                     if keep > opens[-1] + 9:  # a break must leave something on the line
-                        rank = (min(kind, 1), len(opens), -keep)
+                        comma = min(kind, 1)
+                        rank = (comma, len(opens), -keep) if commas_first else (len(opens), comma, -keep)
                         if best is None or rank < best[0]:
                             best = (rank, keep, list(opens))
     return None if best is None else best[1:]
