@@ -102,7 +102,7 @@ def test_check_of_a_garbage_file(capsys, tmp_path):
 
 def test_check_prints_warnings_and_still_passes(capsys, monkeypatch):
     import tiledsl.schedule.check as check_stage
-    monkeypatch.setattr(check_stage, "check", lambda schedule: [warning("an odd but legal order", Span(8, 1, 8, 5))])
+    monkeypatch.setattr(check_stage, "check", lambda schedule, gpu=None: [warning("an odd but legal order", Span(8, 1, 8, 5))])
     code, out, err = run_cli(capsys, "check", COPY)
     assert code == 0
     assert out == f"{COPY}: ok\n"

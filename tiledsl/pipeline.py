@@ -36,8 +36,10 @@ def load(source: str | bytes | Path, path: str | None = None) -> ast.Program:
 
 
 def run(source: str | bytes | Path, until: str = "module", consts: dict | None = None,
-        path: str | None = None) -> Compilation:
-    """Run the stages up to and including `until`; raise TdsError on the first stage with errors."""
+        path: str | None = None, gpu=None) -> Compilation:
+    """Run the stages up to and including `until`; raise TdsError on the first stage with errors. `gpu`
+    (a name or a tiledsl.gpus.GPU; the default H200) is what the residency of the kernel's programs is
+    proven for."""
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
     # parse: text to syntax tree
@@ -52,7 +54,7 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
         return done
     # check: races, cycles, orphan waits, bounds; errors stop here, warnings travel on
     from tiledsl.schedule.check import check
-    diagnostics = check(done.schedule)
+    diagnostics = check(done.schedule, gpu)
     errors = [d for d in diagnostics if d.severity == "error"]
     done.warnings = [d for d in diagnostics if d.severity != "error"]
     if errors:
@@ -61,7 +63,7 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
         return done
     # plan: which programs run which family, signal layout, waits and notifies
     from tiledsl.codegen import lower
-    done.plan = lower(done.schedule, consts or {})
+    done.plan = lower(done.schedule, consts or {}, gpu=gpu)
     if until == "plan":
         return done
     # module: the generated Python module (Triton kernels and launcher)

@@ -750,13 +750,13 @@ def counts(first: int, second: int) -> str:
 
 
 def test_fixed_programs_must_leave_one_for_the_rest():
-    error = the_error(counts(100, 32), f"the families ask for all {SM_COUNT} SMs, leaving none for 'c'")
+    error = the_error(counts(100, 32), f"the families ask for all {SM_COUNT} SMs of the H200, leaving none for 'c'")
     assert at(error) == (7, 21)
     assert error.notes[0].span.line == 8
 
 
 def test_more_programs_than_sms_is_an_error():
-    error = the_error(counts(100, 40), f"the families ask for 140 resident SM programs, but the GPU has {SM_COUNT}")
+    error = the_error(counts(100, 40), f"the families ask for 140 resident SM programs, but the H200 has {SM_COUNT}")
     assert at(error) == (7, 21)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from tiledsl import gpus
 from tiledsl.tables import DTYPES
 
 @dataclass
@@ -64,7 +65,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
         elif arg.kind is Kind.ROLE:
             role = arg.name.split("_")[1]
             constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": True, "START": 0,
-                                    "PROGRAMS": 132}[role]
+                                    "PROGRAMS": gpus.for_arch(arch).sms}[role]
         else:
             signature[arg.name] = "i32"
             if arg.kind is Kind.SIZE and arg.name not in ("rank",) and env.get(arg.name, 1) % 16 == 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+from tiledsl import gpus
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races, transport
@@ -20,13 +21,16 @@ from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes,
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
-SM_COUNT = 132        # SMs of an H100 / H200: programs that spin on signals must all be resident at once
+SM_COUNT = gpus.DEFAULT.sms  # the default GPU's: programs that spin on signals must all be resident at once
 
 
-def check(schedule: ir.Schedule) -> list[Diagnostic]:
-    """Every error and warning the schedule has, sorted by source position."""
+def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diagnostic]:
+    """Every error and warning the schedule has, sorted by source position. The residency of the kernel's
+    programs is proven for `gpu` (tiledsl.gpus; the default H200's 132 SMs): a launch on a GPU where it
+    would not hold is refused by the launcher."""
+    gpu = gpus.named(gpu)
     found: dict[object, Diagnostic] = {}  # keyed so that a finding made at several worlds is reported once
-    for key, diagnostic in [*_resident_programs(schedule), *_unused(schedule), *_constant_conditions(schedule)]:
+    for key, diagnostic in [*_resident_programs(schedule, gpu), *_unused(schedule), *_constant_conditions(schedule)]:
         found.setdefault(key, diagnostic)
     try:
         family_sequence(schedule)
@@ -116,21 +120,21 @@ def _constant_conditions(schedule: ir.Schedule):
 
 # ---- programs per rank ---------------------------------------------------------------------------
 
-def _resident_programs(schedule: ir.Schedule):
+def _resident_programs(schedule: ir.Schedule, gpu: gpus.GPU):
     on_sms = [f for f in schedule.families.values() if f.engine.kind is not ir.EngineKind.COPY_ENGINE]
     fixed = [f for f in on_sms if f.engine.programs is not None]
     rest = [f for f in on_sms if f.engine.programs is None]
     count = {f.name: f.engine.count(schedule.consts) for f in fixed}
     total = sum(count.values())
-    if total <= SM_COUNT - (1 if rest else 0):
+    if total <= gpu.sms - (1 if rest else 0):
         return
     largest = max(fixed, key=lambda f: count[f.name])
     notes = [Note(f"'{f.name}' asks for {count[f.name]}", site(f, f.engine.span)) for f in fixed
              if f is not largest]
-    if total > SM_COUNT:
-        message = f"the families ask for {total} resident SM programs, but the GPU has {SM_COUNT} SMs"
+    if total > gpu.sms:
+        message = f"the families ask for {total} resident SM programs, but the {gpu.name} has {gpu.sms} SMs"
     else:
-        message = f"the families ask for all {SM_COUNT} SMs, leaving none for '{rest[0].name}' (sms(rest))"
+        message = f"the families ask for all {gpu.sms} SMs of the {gpu.name}, leaving none for '{rest[0].name}' (sms(rest))"
     yield "programs", error(message, site(largest, largest.engine.span), notes=notes,
                             hint="programs that spin on signals must all be resident at once, or they deadlock; "
                                  "ask for fewer")
