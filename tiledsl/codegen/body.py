@@ -161,6 +161,7 @@ class Dot:
     right: Operand
     convert_left: str | None = None    # a tensor whose element type the left operand is converted to
     convert_right: str | None = None
+    ieee: bool = False  # both operands float32: multiplied in IEEE fp32, as torch does (Triton's default is TF32)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ class Product:
     # block may reach into the next range, so A's columns past it are zeroed in registers.
     k_start: sympy.Expr = sympy.Integer(0)
     k_masked: bool = False
+    ieee: bool = False  # both operands float32: multiplied in IEEE fp32, as torch does (Triton's default is TF32)
 
 
 @dataclass(frozen=True)
@@ -630,7 +632,8 @@ class _Tile:
                                self.k(right.dims[-1].start), self.k(left.dims[-1].size), block_m, block_n, block_k,
                                tuple(self.k(d.start) for d in left.dims[:-2]),
                                tuple(self.k(d.start) for d in right.dims[:-2]),
-                               sympy.Integer(0) if whole else self.k(k_left.start), not whole)
+                               sympy.Integer(0) if whole else self.k(k_left.start), not whole,
+                               ieee=all(self.schedule.tensors[r.tensor].dtype == "float32" for r in (left, right)))
         out.append(self.product)
         return name
 
