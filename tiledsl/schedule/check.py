@@ -17,6 +17,7 @@ from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
+                                     launch_conditions,
                                      per_schedule, ragged_sizes, runs_on, small_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
@@ -111,11 +112,12 @@ def _family_cycle(schedule: ir.Schedule, cyclic: FamilyCycleError):
 def _constant_conditions(schedule: ir.Schedule):
     """A launch condition on consts alone that fails would refuse every launch: refuse the build."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
-    for condition in schedule.conditions:
+    for condition in launch_conditions(schedule):
         if condition.holds.free_symbols <= set(consts) and not bool(condition.holds.subs(consts)):
             values = ", ".join(f"{s} = {consts[s]}" for s in sorted(condition.holds.free_symbols, key=str))
             yield ("condition", condition.message), error(
-                f"{condition.message}, and it is not" + (f" ({values})" if values else ""), condition.span)
+                f"{condition.message}, and it is not" + (f" ({values})" if values else ""), condition.span,
+                hint=condition.hint)
 
 
 # ---- programs per rank ---------------------------------------------------------------------------
