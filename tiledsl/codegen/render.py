@@ -118,6 +118,8 @@ def axes_of(family) -> list[tuple[str, str]]:
     out = []
     for n, name in enumerate(AXES[count]):
         blocks = {d.block for p in places for d in p.dims if d.axis == n}
+        if not blocks:  # no load or store runs along it (a product's epilogue reads a bias row only)
+            continue
         (block,) = blocks
         expand = "" if count == 1 else ("[:, None]" if n == 0 else "[None, :]")
         out.append((name, f"tl.arange(0, {block}){expand}"))
