@@ -32,7 +32,7 @@ def _environment() -> jinja2.Environment:
                        dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
-                       wait_call=wait_call)
+                       wait_call=wait_call, tuple_of=tuple_of, params_of=params_of)
     env.globals["device_descriptors"] = lambda plan: any(  # TMA descriptors made on the device
         isinstance(s, body.MakeDescriptor) for f in plan.kernel_families for s in walk(f.head + f.body))
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
@@ -61,6 +61,16 @@ def plus(expr) -> str:
     """` + expr` in kernel code, nothing for 0: an offset added to a pointer."""
     expr = sympy.sympify(expr)
     return "" if expr == 0 else f" + {kernel_code(expr)}"
+
+
+def tuple_of(items: list[str]) -> str:
+    """A Python tuple of these expressions: `()`, `(a,)` or `(a, b)`."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def params_of(names: list[str]) -> str:
+    """A lambda's parameters after `lambda`: ` i, j`, or nothing (a family without indices)."""
+    return " " + ", ".join(names) if names else ""
 
 
 def always(expr) -> bool:
