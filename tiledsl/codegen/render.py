@@ -68,9 +68,9 @@ def tuple_of(items: list[str]) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
-def params_of(names: list[str]) -> str:
+def params_of(names: list) -> str:
     """A lambda's parameters after `lambda`: ` i, j`, or nothing (a family without indices)."""
-    return " " + ", ".join(names) if names else ""
+    return " " + ", ".join(map(str, names)) if names else ""
 
 
 def always(expr) -> bool:
