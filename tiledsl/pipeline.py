@@ -56,14 +56,21 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
     from tiledsl.schedule.check import check
     diagnostics = check(done.schedule, gpu)
     errors = [d for d in diagnostics if d.severity == "error"]
+    if not errors:  # and what code generation can emit: its one rule, refusals at their lines
+        from tiledsl.codegen.emittable import refusals
+        errors = refusals(done.schedule, gpu=gpu)
     done.warnings = [d for d in diagnostics if d.severity != "error"]
     if errors:
         raise TdsError(errors + done.warnings, program.path, program.source)
     if until == "check":
         return done
     # plan: which programs run which family, signal layout, waits and notifies
-    from tiledsl.codegen import lower
-    done.plan = lower(done.schedule, consts or {}, gpu=gpu)
+    from tiledsl.codegen import LoweringError
+    from tiledsl.codegen.emittable import plan_of, refusal
+    try:
+        done.plan = plan_of(done.schedule, consts, gpu)
+    except LoweringError as why:  # consts set at build time (-D) that the defaults the check used did not have
+        raise TdsError([refusal(done.schedule, why)], program.path, program.source) from None
     if until == "plan":
         return done
     # module: the generated Python module (Triton kernels and launcher)

@@ -1,6 +1,6 @@
 """Copy-engine chunks that wait on kernel tiles (GEMM+ReduceScatter through the copy engine): the
 tiles count themselves per row, the stream waits on a row's count, and anything the stream cannot
-wait on is refused by name when the program is built."""
+wait on is refused by the checker at the edge."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiledsl.codegen import LoweringError
+from tiledsl.diagnostics import TdsError
 from tiledsl.pipeline import run
 from tiledsl.runtime.emulate import run_ranks
 from tiledsl.runtime.run_program import EMULATED_DTYPES, run_emulated
@@ -68,7 +68,10 @@ BASE = GEMM_RS_CE.read_text()
     ("send[i] after mm[i, *], mm[i, 0]", "a single tile, not a row"),
     ("send[i] after mm[i, *] @ every rank", "other ranks' tiles"),
 ])
-def test_what_the_stream_cannot_wait_on_is_refused_by_name(edge, why):
-    with pytest.raises(LoweringError, match=r"chunk 'send' on the copy engine can wait only on a row of a kernel "
-                                            r"family on its own rank, like `mm\[i, \*\]`"):
-        run(BASE.replace("send[i] after mm[i, *]", edge), until="plan")
+def test_what_the_stream_cannot_wait_on_is_refused_by_the_checker_at_the_edge(edge, why):
+    source = BASE.replace("send[i] after mm[i, *]", edge)
+    with pytest.raises(TdsError, match=r"chunk 'send' on the copy engine can wait only on a row of a kernel "
+                                       r"family on its own rank, like `mm\[i, \*\]`") as refused:
+        run(source, until="check")
+    (diagnostic,) = [d for d in refused.value.diagnostics if d.severity == "error"]
+    assert diagnostic.span.line == source.splitlines().index(edge) + 1 and "on sms" in diagnostic.hint

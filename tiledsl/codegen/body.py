@@ -27,7 +27,13 @@ BLOCK_FLAT_BYTES, BLOCK_FLAT_MOST = 32768, 16384
 
 
 class LoweringError(Exception):
-    """The schedule is valid but uses something code generation does not support yet."""
+    """The schedule is valid but uses something code generation does not support yet. The checker
+    reports it at `span` (the family's, where the raise names none) with `hint` (codegen/emittable.py),
+    so that a user meets it as a positioned error of `tiledsl check`, never from a later stage."""
+
+    def __init__(self, message: str, span=None, hint: str | None = None):
+        super().__init__(message)
+        self.span, self.hint = span, hint
 
 
 # ---- where a block lives -------------------------------------------------------------------------
@@ -621,7 +627,10 @@ class _Tile:
         for region in (left, right):
             if region.owner is not None or region.rows is not None or not _points_then_block(region):
                 raise LoweringError(f"'@' reads '{region.tensor}' through a TMA descriptor: it must be a local "
-                                    "tensor, a block of its last two dimensions at points of the others")
+                                    "tensor, a block of its last two dimensions at points of the others",
+                                    region.span, "write the tile as a block, which reads any region with pointers: "
+                                    "`tile mm[...]:`, then on its own lines `a = A@owner[...]` and "
+                                    "`C[...] = a @ B[...]`")
         k_left, k_right = left.dims[-1], right.dims[-2]
         whole = all(dim.start == 0 and dim.size == self.schedule.tensors[region.tensor].shape[n]
                     for dim, region, n in ((k_left, left, -1), (k_right, right, -2)))

@@ -213,6 +213,13 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None, gpu=None)
         if name in schedule.tunables and value not in schedule.tunables[name]:
             raise LoweringError(f"{name}={value} is not one of its choices {list(schedule.tunables[name])}")
     _check_program_counts(schedule, consts, gpus.named(gpu))
+    for tensor in schedule.tensors.values():
+        if tensor.dtype == "float64":
+            # tiles compute in float32 and tl.dot has no f64 product on Hopper: an f64 program would
+            # run, rounded to float32 on the way, and look right
+            raise LoweringError(f"tensor '{tensor.name}' is f64, which code generation does not emit: tiles "
+                                "compute in float32", tensor.span,
+                                "declare it f32 (or bf16), and convert to float64 in torch where it is needed")
     schedule = _resolve_splits(schedule, consts)
     kernel = let_names(schedule)
     cross_rank = {e.producer for e in schedule.edges if e.ranks is not ir.RankSet.LOCAL}
@@ -231,7 +238,11 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None, gpu=None)
         notify = None
         if name in waited or family.puts:  # a put always signals
             notify = _notify(schedule, family, kernel, name in cross_rank, reach.get(name))
-        families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, reach, sites))
+        try:
+            families.append(_family(schedule, family, consts, kernel, notify, name in counted, sm_chunks, reach,
+                                    sites))
+        except LoweringError as why:  # reported at the family's line where the raise names no site
+            raise why if why.span is not None else LoweringError(str(why), family.span, why.hint) from None
     # an NVSHMEM put's target and a get's source are reached by NVSHMEM, not through a peer pointer
     nvshmem = [f for f in schedule.families.values() if f.engine.kind is ir.EngineKind.NVSHMEM]
     shmem = {f.writes[0] if f.puts else f.reads[0] for f in nvshmem}
@@ -416,8 +427,12 @@ def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
                 or first is None or any(m is not None for m in rest)):
             raise LoweringError(
                 f"chunk '{family.name}' on the copy engine can wait only on a row of a kernel family on "
-                f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; "
-                f"`{edge.producer}` at {source_line(schedule, edge.span)} is not one")
+                f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; this edge names "
+                + ("a copy-engine chunk" if producer.engine.kind is ir.EngineKind.COPY_ENGINE else
+                   "another rank's instances" if edge.ranks is not ir.RankSet.LOCAL else "no such row"),
+                edge.span,
+                "run the chunk on SMs (`on sms(4)`), which may wait on any instances, or wait on one row of a "
+                "tile family: index the chunk like the tile's first index")
         count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
         exists = sympy.And(meaning.target(schedule, edge).exists, meaning.runs_at(producer, ir.RANK))
         waits.append(HostWait(number, producer.name, first, count, exists))

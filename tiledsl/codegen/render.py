@@ -32,7 +32,7 @@ def _environment() -> jinja2.Environment:
                        dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
-                       wait_call=wait_call)
+                       wait_call=wait_call, tuple_of=tuple_of, params_of=params_of)
     env.globals["device_descriptors"] = lambda plan: any(  # TMA descriptors made on the device
         isinstance(s, body.MakeDescriptor) for f in plan.kernel_families for s in walk(f.head + f.body))
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
@@ -61,6 +61,16 @@ def plus(expr) -> str:
     """` + expr` in kernel code, nothing for 0: an offset added to a pointer."""
     expr = sympy.sympify(expr)
     return "" if expr == 0 else f" + {kernel_code(expr)}"
+
+
+def tuple_of(items: list[str]) -> str:
+    """A Python tuple of these expressions: `()`, `(a,)` or `(a, b)`."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def params_of(names: list) -> str:
+    """A lambda's parameters after `lambda`: ` i, j`, or nothing (a family without indices)."""
+    return " " + ", ".join(map(str, names)) if names else ""
 
 
 def always(expr) -> bool:
@@ -118,6 +128,8 @@ def axes_of(family) -> list[tuple[str, str]]:
     out = []
     for n, name in enumerate(AXES[count]):
         blocks = {d.block for p in places for d in p.dims if d.axis == n}
+        if not blocks:  # no load or store runs along it (a product's epilogue reads a bias row only)
+            continue
         (block,) = blocks
         expand = "" if count == 1 else ("[:, None]" if n == 0 else "[None, :]")
         out.append((name, f"tl.arange(0, {block}){expand}"))

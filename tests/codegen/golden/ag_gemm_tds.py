@@ -243,10 +243,9 @@ def tds_orders(tds_env):
     BN = tds_env['BN']
     BK = tds_env['BK']
     return {
-        'gather': tds_launch.ordered_instances([world], lambda s: ((s - rank) % world, s,)),
+        'gather': tds_launch.ordered_instances([world], lambda s: ((s - rank) % world, s)),
         'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
-                                           lambda i, j: ((i * BM * world // M - rank) % world, j, i // 8,
-                                                         i,)),
+                                           lambda i, j: ((i * BM * world // M - rank) % world, j, i // 8, i)),
     }
 
 

@@ -298,10 +298,9 @@ def tds_orders(tds_env):
     return {
         'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
                                            lambda i, j: ((world + i * BM * world // M - rank - 1) % world,
-                                                         i // 8, j, i,)),
+                                                         i // 8, j, i)),
         'send': tds_launch.ordered_instances([M // BM],
-                                             lambda i: ((world + i * BM * world // M - rank - 1) % world,
-                                                        i,)),
+                                             lambda i: ((world + i * BM * world // M - rank - 1) % world, i)),
     }
 
 
