@@ -379,7 +379,8 @@ ACCUMULATE = tds("""
 
 
 def test_reduce_add_chunks_into_one_target_do_not_race():
-    assert passes(ACCUMULATE) == []
+    # no race; the one warning is that S, never cleared, sums over calls (tests/schedule/test_carried.py)
+    assert [w.message.split(":")[0] for w in passes(ACCUMULATE)] == ["chunk 'push' adds into 'S', which nothing in the call clears"]
 
 
 @pytest.mark.parametrize("engine", ["sms(2)", "nvshmem(2)", "copy_engine"])
