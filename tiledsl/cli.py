@@ -256,7 +256,9 @@ def _assignment(text: str) -> tuple[str, int]:
 
 def _size(text: str) -> str:
     """NAME=VALUE for `run --size`, checked here and handed on as written."""
-    _assignment(text)
+    name, value = _assignment(text)
+    if value == 0:  # a param of 0 leaves a tensor with no elements: nothing to run or compare
+        raise argparse.ArgumentTypeError(f"{name}: a size must be positive, got 0")
     return text
 
 

@@ -15,7 +15,7 @@ from collections import defaultdict
 from tiledsl import gpus
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
-from tiledsl.schedule import ir, races, transport
+from tiledsl.schedule import carried, ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
                                      launch_conditions,
                                      per_schedule, ragged_sizes, runs_on, small_sizes, topologies)
@@ -72,6 +72,7 @@ def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
     yield from transport.findings(concrete)
     yield from _skipped(concrete)
     yield from _unsignalled(concrete)
+    yield from carried.findings(concrete)
     # a family waiting on itself or a later instance of its own: named as such, not as a cycle
     self_waits = list(_self_waits(concrete))
     yield from self_waits
