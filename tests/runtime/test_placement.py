@@ -162,6 +162,32 @@ def test_an_upto_output_is_compared_below_its_count_only():
     assert not compare(name, [mine], [theirs], "f32").ok
 
 
+def test_an_output_a_rank_does_not_write_must_stay_as_passed_on_gpus():
+    """reduce_root writes Y on rank 0 only (`if rank == 0`): run on GPUs compared rank 1's poisoned Y
+    with the reference and said MISMATCH (inf) on an H200 at world 2; now, as emulated, rank 0 is
+    compared and rank 1 must keep the NaN it was passed."""
+    from tiledsl.runtime.gpu_run import output_error
+    from tiledsl.runtime.reference import Reference
+    from tiledsl.runtime.run_program import launch_sizes, make_inputs, program_schedule, written_ranks
+    schedule = program_schedule(ROOT / "programs" / "reduce_root.tds")
+    sizes = launch_sizes(schedule, 2, {}, {}, 1)
+    written = written_ranks(schedule, 2, sizes, {}, 1)
+    assert written["Y"] == {0}
+    inputs = make_inputs(schedule, 2, sizes, 0, {})
+    expected = Reference(schedule, 2, sizes).run(inputs)
+    total = (inputs[0]["X"].double() + inputs[1]["X"].double()).to(torch.bfloat16)
+    assert torch.equal(expected[0]["Y"].to(torch.bfloat16), total)
+    error, note = output_error(schedule, "Y", 0, 2, written, total.clone(), expected[0])
+    assert error == 0.0 and note == "; left as passed on rank 1"
+    wrong = total.clone()
+    wrong[7] += 1.0
+    assert output_error(schedule, "Y", 0, 2, written, wrong, expected[0])[0] > 1e-3
+    poisoned = torch.full_like(total, float("nan"))
+    assert output_error(schedule, "Y", 1, 2, written, poisoned, expected[1]) == (0.0, note)
+    poisoned[3] = 0.0  # something wrote rank 1's copy
+    assert output_error(schedule, "Y", 1, 2, written, poisoned, expected[1])[0] == float("inf")
+
+
 # ---- benchmarks refuse ranks sharing a GPU ---------------------------------------------------------
 
 def test_benchmarks_refuse_to_time_ranks_sharing_a_gpu_by_name(monkeypatch):

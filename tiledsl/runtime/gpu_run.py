@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from tiledsl.runtime import placement
 from tiledsl.runtime.run_program import (TOLERANCE, Verdict, compare, launch_sizes, make_inputs, poison,
-                                         program_schedule, valid_rows)
+                                         program_schedule, valid_rows, written_ranks)
 from tiledsl.runtime.reference import Reference
 from tiledsl.topology import declared
 
@@ -26,6 +26,8 @@ def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Ver
     sizes = launch_sizes(schedule, world, sizes, {}, nodes)
     shapes = Reference(schedule, world, sizes, nodes=nodes).shapes(rank)
     verdicts, notes = {}, {}
+    # an out tensor no instance writes on this rank (a family with `if rank == 0`) keeps what was passed
+    written = written_ranks(schedule, world, sizes, {}, nodes)
     with open_heap() as heap:
         program = tiledsl.compile(source, heap)
         args = {spec.name: torch.empty(shapes[spec.name], dtype=getattr(torch, spec.dtype), device="cuda")
@@ -43,10 +45,9 @@ def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Ver
             program(**args)
             for spec in program.callers:
                 if spec.role in ("out", "inout"):
-                    got, want = args[spec.name].cpu(), expected[rank][spec.name]
-                    got, want, notes[spec.name] = below_count(schedule, spec.name, got, want, expected[rank])
-                    verdict = compare(spec.name, [got], [want], spec.dtype)
-                    worst = torch.tensor([verdict.max_error], dtype=torch.float64, device="cuda")
+                    error, notes[spec.name] = output_error(schedule, spec.name, rank, world, written,
+                                                           args[spec.name].cpu(), expected[rank])
+                    worst = torch.tensor([error], dtype=torch.float64, device="cuda")
                     placement.all_reduce(worst, op=dist.ReduceOp.MAX)
                     verdicts[spec.name] = max(verdicts.get(spec.name, 0.0), worst.item())
         dist.barrier()
@@ -56,6 +57,35 @@ def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Ver
     dtypes = {spec.name: spec.dtype for spec in program.callers}
     return [Verdict(name, worst <= TOLERANCE[dtypes[name]], worst, note + notes[name])
             for name, worst in verdicts.items()]
+
+
+def output_error(schedule, name: str, rank: int, world: int, written: dict[str, set[int]], got: torch.Tensor,
+                 expected: dict) -> tuple[float, str]:
+    """(this rank's error, the verdict's note) for output `name`: against the reference where some
+    instance writes this rank's copy (below its count if `upto`), else (an `out` on a rank that a
+    family's `if rank == ...` leaves out) 0 if it kept the poison it was passed with, inf if anything
+    wrote it; the note says the same on every rank."""
+    tensor = schedule.tensors[name]
+    kept = tensor.role.value == "out" and len(written[name]) < world
+    note = (f"; compared below {tensor.upto}" if tensor.upto is not None else "") + (
+        left_as_passed(world, written[name]) if kept else "")
+    if kept and rank not in written[name]:
+        return (0.0 if still_as_passed(got) else float("inf")), note
+    got, want, _ = below_count(schedule, name, got, expected[name], expected)
+    return compare(name, [got], [want], tensor.dtype).max_error, note
+
+
+def still_as_passed(got: torch.Tensor) -> bool:
+    """Whether an output holds only the poison it was passed with (NaN, or an integer's minimum)."""
+    if got.dtype.is_floating_point:
+        return bool(torch.isnan(got.double()).all())
+    return bool((got == poison(got.dtype)).all())
+
+
+def left_as_passed(world: int, written: set[int]) -> str:
+    """The verdict's note for an output that some ranks do not write: which ranks must keep it as passed."""
+    kept = [r for r in range(world) if r not in written]
+    return f"; left as passed on rank{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
 
 
 def below_count(schedule, name: str, got: torch.Tensor, want: torch.Tensor, expected: dict):
