@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from tiledsl.ops import torch_ops  # noqa: F401 - registers torch.ops.tiledsl.*
-from tiledsl.ops.context import STATE, Settings, group_name, use_heap
+from tiledsl.ops.context import STATE, Settings, group_name, use_heap, world_size
 from tiledsl.ops.dispatch import LAST, explain, reset
 from tiledsl.ops.timers import event_timer, graph_timer, wall_timer
 from tiledsl.ops.tuning import Decision
@@ -40,14 +40,16 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group=None, *, gat
 
     a_shard [..., K] is this rank's shard (every rank's the same shape), b [K, N] (any layout: a
     weight stored [N, K] is passed as `w.t()`, and copied once into the layout the programs need)."""
-    return torch.ops.tiledsl.all_gather_matmul(a_shard, b, group_name(group), gather_dim, impl, tune)
+    return torch.ops.tiledsl.all_gather_matmul(a_shard, b, group_name(group), gather_dim, impl, tune,
+                                               world_size(group))
 
 
 def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, scatter_dim: int = 0,
                           impl: str | None = None, tune: bool | None = None) -> torch.Tensor:
     """reduce_scatter(a @ b, along scatter_dim): a row-parallel layer under sequence parallelism;
     a [..., K/world] and b [K/world, N] hold this rank's share of K."""
-    return torch.ops.tiledsl.matmul_reduce_scatter(a, b, group_name(group), scatter_dim, impl, tune)
+    return torch.ops.tiledsl.matmul_reduce_scatter(a, b, group_name(group), scatter_dim, impl, tune,
+                                                   world_size(group))
 
 
 def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None, *, impl: str | None = None,
@@ -64,13 +66,13 @@ def all_reduce(x: torch.Tensor, group=None, *, impl: str | None = None, tune: bo
 def all_gather(x: torch.Tensor, group=None, *, gather_dim: int = 0, impl: str | None = None,
                tune: bool | None = None) -> torch.Tensor:
     """Every rank's x, concatenated along gather_dim in rank order."""
-    return torch.ops.tiledsl.all_gather(x, group_name(group), gather_dim, impl, tune)
+    return torch.ops.tiledsl.all_gather(x, group_name(group), gather_dim, impl, tune, world_size(group))
 
 
 def reduce_scatter(x: torch.Tensor, group=None, *, scatter_dim: int = 0, impl: str | None = None,
                    tune: bool | None = None) -> torch.Tensor:
     """This rank's block (along scatter_dim) of the sum of x over the group's ranks."""
-    return torch.ops.tiledsl.reduce_scatter(x, group_name(group), scatter_dim, impl, tune)
+    return torch.ops.tiledsl.reduce_scatter(x, group_name(group), scatter_dim, impl, tune, world_size(group))
 
 
 def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, group=None, *,
@@ -111,7 +113,8 @@ def moe_dispatch(x: torch.Tensor, ids: torch.Tensor, experts_per_rank: int, capa
     this rank's expert e, token by token; rows past the count are unspecified. C is `capacity`; a count
     above it raises tiledsl.runtime.issue.CapacityExceeded. The programs' path makes no host
     synchronisation (a CUDA graph can replay it with new routings); torch's exchanges the splits."""
-    return torch.ops.tiledsl.moe_dispatch(x, ids, experts_per_rank, capacity, group_name(group), impl, tune)
+    return torch.ops.tiledsl.moe_dispatch(x, ids, experts_per_rank, capacity, group_name(group), impl, tune,
+                                          world_size(group))
 
 
 def moe_combine(y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, group=None, *, impl: str | None = None,

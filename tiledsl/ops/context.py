@@ -90,6 +90,14 @@ def group_name(group) -> str:
     return (group if group is not None else dist.group.WORLD).group_name
 
 
+def world_size(group) -> int:
+    """The size of a process group (None: the default group; a str names one), for the ops whose
+    output shape depends on it: torch.compile folds dist.get_world_size of a group into a constant."""
+    if isinstance(group, str):
+        return world_of(group)
+    return dist.get_world_size(group)
+
+
 def resolve(name: str):
     from torch.distributed.distributed_c10d import _resolve_process_group
     return _resolve_process_group(name)

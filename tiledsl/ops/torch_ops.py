@@ -1,7 +1,11 @@
 """The ops as torch.library custom ops (`torch.ops.tiledsl.*`), each with a fake implementation that
 gives its output's shape, dtype and (contiguous) layout without running it: torch.compile traces a
 model through them (fullgraph) instead of into the launcher's Python, and runs the real op at run time.
-A process group travels as its name, as in torch's own symmetric-memory ops."""
+A process group travels as its name, as in torch's own symmetric-memory ops. Where the output's shape
+depends on the group's size, the size travels too (`world`, given by the tiledsl.ops functions): it is
+then a constant of the traced graph, part of torch.compile's cache key. Read from the name inside the
+fake, a graph compiled at world 2 was reused from the cache at world 4 with world-2 shapes (inductor's
+size assertion failed on one H200 shared by four ranks); 0 reads it from the group."""
 from __future__ import annotations
 
 from typing import Optional
@@ -33,26 +37,26 @@ def _resized(x: Tensor, dim: int, why: str | None, factor: int, last: int | None
 
 @_op("all_gather_matmul")
 def all_gather_matmul(a: Tensor, b: Tensor, group_name: str, gather_dim: int = 0, impl: Optional[str] = None,
-                      tune: Optional[bool] = None) -> Tensor:
+                      tune: Optional[bool] = None, world: int = 0) -> Tensor:
     p = dispatch.problem("all_gather_matmul", group_name, a, gather_dim, w=b)
     return dispatch.run("all_gather_matmul", p, impl, tune)
 
 
 @all_gather_matmul.register_fake
-def _(a, b, group_name, gather_dim=0, impl=None, tune=None):
-    return _resized(a, gather_dim, MULTIPLIED, world_of(group_name), b.shape[1])
+def _(a, b, group_name, gather_dim=0, impl=None, tune=None, world=0):
+    return _resized(a, gather_dim, MULTIPLIED, world or world_of(group_name), b.shape[1])
 
 
 @_op("matmul_reduce_scatter")
 def matmul_reduce_scatter(a: Tensor, b: Tensor, group_name: str, scatter_dim: int = 0, impl: Optional[str] = None,
-                          tune: Optional[bool] = None) -> Tensor:
+                          tune: Optional[bool] = None, world: int = 0) -> Tensor:
     p = dispatch.problem("matmul_reduce_scatter", group_name, a, scatter_dim, w=b)
     return dispatch.run("matmul_reduce_scatter", p, impl, tune)
 
 
 @matmul_reduce_scatter.register_fake
-def _(a, b, group_name, scatter_dim=0, impl=None, tune=None):
-    return _resized(a, scatter_dim, MULTIPLIED, -world_of(group_name), b.shape[1])
+def _(a, b, group_name, scatter_dim=0, impl=None, tune=None, world=0):
+    return _resized(a, scatter_dim, MULTIPLIED, -(world or world_of(group_name)), b.shape[1])
 
 
 @_op("matmul_all_reduce")
@@ -79,24 +83,24 @@ def _(x, group_name, impl=None, tune=None):
 
 @_op("all_gather")
 def all_gather(x: Tensor, group_name: str, gather_dim: int = 0, impl: Optional[str] = None,
-               tune: Optional[bool] = None) -> Tensor:
+               tune: Optional[bool] = None, world: int = 0) -> Tensor:
     return dispatch.run("all_gather", dispatch.problem("all_gather", group_name, x, gather_dim), impl, tune)
 
 
 @all_gather.register_fake
-def _(x, group_name, gather_dim=0, impl=None, tune=None):
-    return _resized(x, gather_dim, None, world_of(group_name))
+def _(x, group_name, gather_dim=0, impl=None, tune=None, world=0):
+    return _resized(x, gather_dim, None, world or world_of(group_name))
 
 
 @_op("reduce_scatter")
 def reduce_scatter(x: Tensor, group_name: str, scatter_dim: int = 0, impl: Optional[str] = None,
-                   tune: Optional[bool] = None) -> Tensor:
+                   tune: Optional[bool] = None, world: int = 0) -> Tensor:
     return dispatch.run("reduce_scatter", dispatch.problem("reduce_scatter", group_name, x, scatter_dim), impl, tune)
 
 
 @reduce_scatter.register_fake
-def _(x, group_name, scatter_dim=0, impl=None, tune=None):
-    return _resized(x, scatter_dim, None, -world_of(group_name))
+def _(x, group_name, scatter_dim=0, impl=None, tune=None, world=0):
+    return _resized(x, scatter_dim, None, -(world or world_of(group_name)))
 
 
 @_op("all_reduce_rmsnorm")
@@ -135,14 +139,14 @@ def _(q, k, v, group_name, impl=None, tune=None):
 
 @_op("moe_dispatch")
 def moe_dispatch(x: Tensor, ids: Tensor, experts_per_rank: int, capacity: int, group_name: str,
-                 impl: Optional[str] = None, tune: Optional[bool] = None) -> tuple[Tensor, Tensor]:
+                 impl: Optional[str] = None, tune: Optional[bool] = None, world: int = 0) -> tuple[Tensor, Tensor]:
     p = dispatch.moe_problem("moe_dispatch", group_name, x, ids, experts=experts_per_rank, capacity=capacity)
     return dispatch.run("moe_dispatch", p, impl, tune)
 
 
 @moe_dispatch.register_fake
-def _(x, ids, experts_per_rank, capacity, group_name, impl=None, tune=None):
-    world = world_of(group_name)
+def _(x, ids, experts_per_rank, capacity, group_name, impl=None, tune=None, world=0):
+    world = world or world_of(group_name)
     return (x.new_empty((experts_per_rank, world, capacity, x.shape[1])),
             x.new_empty((experts_per_rank, world), dtype=torch.int32))
 
