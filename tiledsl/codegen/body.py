@@ -489,7 +489,7 @@ class _Tile:
             raise LoweringError(f"tile '{self.family.name}': every store of a tile must have the same shape",
                                 hint="one tile a shape: split the stores into tiles of their own")
         shape = stores[0].shape
-        if not 1 <= len(shape) <= 2:
+        if len(shape) > 2:  # (none: a tile of one element, its loads and store scalars)
             raise LoweringError(f"tile '{self.family.name}': blocks of {len(shape)} dimensions are not supported",
                                 hint="keep at most two ranges in the target; take points (`X[b, i*BM : +BM, :]`) "
                                      "in the others")
