@@ -102,7 +102,7 @@ def test_check_of_a_garbage_file(capsys, tmp_path):
 
 def test_check_prints_warnings_and_still_passes(capsys, monkeypatch):
     import tiledsl.schedule.check as check_stage
-    monkeypatch.setattr(check_stage, "check", lambda schedule: [warning("an odd but legal order", Span(8, 1, 8, 5))])
+    monkeypatch.setattr(check_stage, "check", lambda schedule, gpu=None: [warning("an odd but legal order", Span(8, 1, 8, 5))])
     code, out, err = run_cli(capsys, "check", COPY)
     assert code == 0
     assert out == f"{COPY}: ok\n"
@@ -302,3 +302,22 @@ def test_run_without_the_runtime_says_so(capsys, monkeypatch):
     code, _, err = run_cli(capsys, "run", COPY)
     assert code == 2
     assert "`tiledsl run` (the launcher and emulator) is not available yet in this build" in err
+
+
+@pytest.mark.parametrize("command", ["run", "trace"])
+def test_a_size_of_zero_is_refused_as_usage_naming_the_param(capsys, command):
+    """`--size N=0` leaves tensors with no elements: refused by name, before anything runs (issue 24, bug 9)."""
+    code, out, err = run_cli(capsys, command, COPY, "--size", "N=0")
+    assert code == 2
+    assert err.splitlines()[-1] == f"tiledsl {command}: error: argument --size: N: a size must be positive, got 0"
+    assert "internal error" not in err
+
+
+def test_an_unknown_dtype_is_the_only_error_not_the_uses_of_its_tensor(capsys, tmp_path):
+    path = tmp_path / "dtype.tds"
+    path.write_text(Path(COPY).read_text().replace("in  X : bf16[N]", "in  X : bf17[N]"))
+    code, _, err = run_cli(capsys, "check", str(path))
+    assert code == 1
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert errors == [f"{path}:5:9: error: unknown dtype 'bf17'"]
+    assert "hint: did you mean 'bf16'?" in err

@@ -52,11 +52,16 @@ def main(argv: list[str] | None = None) -> int:
 # ---- commands ----------------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    return max(_guarded(path, _check_one, path) for path in args.files)
+    from tiledsl.gpus import UnknownGPU
+    try:
+        gpu = _gpu(args)
+    except UnknownGPU as exc:
+        return _usage_error(str(exc))
+    return max(_guarded(path, _check_one, path, gpu) for path in args.files)
 
 
-def _check_one(path: str) -> int:
-    done = pipeline.run(Path(path), until="check")
+def _check_one(path: str, gpu=None) -> int:
+    done = pipeline.run(Path(path), until="check", gpu=gpu)
     _print_warnings(done)
     print(f"{path}: ok")
     return OK
@@ -70,7 +75,12 @@ def _build(args) -> int:
     until = args.dump_after or "module"
     if args.arch and until != "module":
         return _usage_error("--arch compiles the generated module; it cannot follow --dump-after")
-    done = pipeline.run(Path(args.file), until=until, consts=dict(args.define))
+    from tiledsl.gpus import UnknownGPU
+    try:
+        gpu = _gpu(args)
+    except UnknownGPU as exc:
+        return _usage_error(str(exc))
+    done = pipeline.run(Path(args.file), until=until, consts=dict(args.define), gpu=gpu)
     _print_warnings(done)
     if args.dump_after:
         print(pipeline.dump(done, args.dump_after))
@@ -88,6 +98,13 @@ def _build(args) -> int:
             raise Unavailable("ahead-of-time compilation (--arch) is not available in this build") from exc
         print(compile_report(Path(args.file), args.arch, dict(args.define)))
     return OK
+
+
+def _gpu(args):
+    """The GPU a build is checked for (`--gpu`, else the one `--arch` stands for): tiledsl.gpus; an
+    unknown name is a usage error (gpus.UnknownGPU)."""
+    from tiledsl import gpus
+    return gpus.for_arch(getattr(args, "arch", None), getattr(args, "gpu", None))
 
 
 def _write(out: str, source: str, write):
@@ -239,7 +256,9 @@ def _assignment(text: str) -> tuple[str, int]:
 
 def _size(text: str) -> str:
     """NAME=VALUE for `run --size`, checked here and handed on as written."""
-    _assignment(text)
+    name, value = _assignment(text)
+    if value == 0:  # a param of 0 leaves a tensor with no elements: nothing to run or compare
+        raise argparse.ArgumentTypeError(f"{name}: a size must be positive, got 0")
     return text
 
 
@@ -263,6 +282,8 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="check programs for errors, races and deadlocks",
                                 description="Parse and check each FILE; print its diagnostics, or 'FILE: ok'.")
     check.add_argument("files", nargs="+", metavar="FILE", help="a .tds program")
+    check.add_argument("--gpu", metavar="NAME", help="prove the kernel's programs resident on NAME's SMs "
+                                                      "(H200, H100, H100-PCIe, H20, H800; default H200)")
     check.set_defaults(handler=cmd_check)
 
     build = commands.add_parser("build", help="generate the Python module (Triton kernels and launcher)",
@@ -274,6 +295,9 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"print the result of STAGE ({', '.join(pipeline.STAGES)}) and stop")
     build.add_argument("--arch", metavar="ARCH", help="also compile the kernels for ARCH (e.g. sm_90) and "
                                                       "print their registers, shared memory and spills")
+    build.add_argument("--gpu", metavar="NAME", help="the GPU the build is for: its SM count bounds the "
+                                                      "resident programs (H200, H100, H100-PCIe, H20, H800; "
+                                                      "default: the one ARCH stands for, an H200 for sm_90)")
     build.add_argument("-D", dest="define", metavar="NAME=VALUE", type=_assignment, action="append", default=[],
                        help="set a const or tunable size (repeatable)")
     build.set_defaults(handler=cmd_build)

@@ -36,8 +36,10 @@ def load(source: str | bytes | Path, path: str | None = None) -> ast.Program:
 
 
 def run(source: str | bytes | Path, until: str = "module", consts: dict | None = None,
-        path: str | None = None) -> Compilation:
-    """Run the stages up to and including `until`; raise TdsError on the first stage with errors."""
+        path: str | None = None, gpu=None) -> Compilation:
+    """Run the stages up to and including `until`; raise TdsError on the first stage with errors. `gpu`
+    (a name or a tiledsl.gpus.GPU; the default H200) is what the residency of the kernel's programs is
+    proven for."""
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
     # parse: text to syntax tree
@@ -52,11 +54,11 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
         return done
     # check: races, cycles, orphan waits, bounds; errors stop here, warnings travel on
     from tiledsl.schedule.check import check
-    diagnostics = check(done.schedule)
+    diagnostics = check(done.schedule, gpu)
     errors = [d for d in diagnostics if d.severity == "error"]
     if not errors:  # and what code generation can emit: its one rule, refusals at their lines
         from tiledsl.codegen.emittable import refusals
-        errors = refusals(done.schedule)
+        errors = refusals(done.schedule, gpu=gpu)
     done.warnings = [d for d in diagnostics if d.severity != "error"]
     if errors:
         raise TdsError(errors + done.warnings, program.path, program.source)
@@ -66,7 +68,7 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
     from tiledsl.codegen import LoweringError
     from tiledsl.codegen.emittable import plan_of, refusal
     try:
-        done.plan = plan_of(done.schedule, consts)
+        done.plan = plan_of(done.schedule, consts, gpu)
     except LoweringError as why:  # consts set at build time (-D) that the defaults the check used did not have
         raise TdsError([refusal(done.schedule, why)], program.path, program.source) from None
     if until == "plan":

@@ -67,7 +67,9 @@ FUNCTIONS = {f.name: f for f in (
     Function("tanh", (1, 1), "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)", torch.tanh),
     Function("exp", (1, 1), "tl.exp({0})", torch.exp),
     Function("abs", (1, 1), "tl.abs({0})", torch.abs),
-    Function("sqrt", (1, 1), "tl.sqrt({0})", torch.sqrt),
+    # sqrt and `/` round to nearest, as torch's do: tl.sqrt and Triton's fp32 `/` compile to approximate
+    # instructions (div.full.f32: moe_dispatch_fp8's scales came out one e4m3 step off on an H200)
+    Function("sqrt", (1, 1), "tl.math.sqrt_rn({0})", torch.sqrt),
     Function("rsqrt", (1, 1), "tl.rsqrt({0})", torch.rsqrt),
     Function("max", (2, 2), "tl.maximum({0}, {1})", torch.maximum),
     Function("min", (2, 2), "tl.minimum({0}, {1})", torch.minimum),
@@ -75,7 +77,7 @@ FUNCTIONS = {f.name: f for f in (
     Function("add", (2, 2), "({0} + {1})", torch.add, operator="+"),
     Function("sub", (2, 2), "({0} - {1})", torch.sub, operator="-"),
     Function("mul", (2, 2), "({0} * {1})", torch.mul, operator="*"),
-    Function("div", (2, 2), "({0} / {1})", torch.div, operator="/"),
+    Function("div", (2, 2), "tl.math.div_rn({0}, {1})", torch.div, operator="/"),
     Function("exp2", (1, 1), "tl.exp2({0})", torch.exp2),
     Function("log2", (1, 1), "tl.log2({0})", torch.log2),
     Function("log", (1, 1), "tl.log({0})", torch.log),

@@ -59,8 +59,10 @@ def _meaning_slots(done: meaning.Concrete, schedule: ir.Schedule, producer: ir.F
                    positions) -> set[int]:
     """The slots of producer instances by position: the writer's rank times a rank's slots, plus the
     instance's row-major number times its parts (a rank's slots counted with the consumer's extents,
-    as the kernel lays them out)."""
-    extents = done.extents[producer.name][rank]
+    as the kernel lays them out: a family's slots exist on every rank, those its `if` excludes too)."""
+    *extents, _ = meaning._compiled_extents(schedule, producer.name)(
+        *meaning._size_values(schedule, done.world, done.sizes, done.nodes), rank)
+    extents = [max(0, n) for n in extents]
     per_rank = 1
     for n in extents:
         per_rank *= n

@@ -199,10 +199,11 @@ def test_release_drops_the_prepared_calls_and_their_tensors(monkeypatch):
     assert len(issued) == 3  # a new tensor set starts again with a direct launch
 
 
-def _prepared(name, world, monkeypatch, **options):
-    """A call of programs/NAME.tds prepared on rank 0 of `world` as on a 132-SM GPU, with no GPU."""
+def _prepared(name, world, monkeypatch, sms=132, **options):
+    """A call of programs/NAME.tds prepared on rank 0 of `world` as on an `sms`-SM GPU, with no GPU."""
     class Properties:
-        multi_processor_count = 132
+        multi_processor_count = sms
+        name = "stand-in GPU"
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Properties())
     monkeypatch.setattr(Program, "_options", lambda self, env: {})
     path = next(p for p in PROGRAMS if p.stem == name)

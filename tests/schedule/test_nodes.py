@@ -149,7 +149,7 @@ def test_an_index_space_may_not_depend_on_the_node():
     with pytest.raises(TdsError) as raised:
         run(source, until="schedule")
     (found,) = raised.value.diagnostics
-    assert found.message == "an index space may not depend on `node`: every rank runs the same instances"
+    assert found.message == "an index space may not depend on `node`: every rank has the same indices"
     # its twin: the number of nodes is a size, the same on every rank
     family = run(ACROSS.replace("cdiv(N, BLOCK)]", "cdiv(N, BLOCK) + nodes]"), until="schedule").schedule.families
     assert ir.NODES in family["add"].indices[0][1].free_symbols

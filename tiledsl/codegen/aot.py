@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from tiledsl.runtime.specs import SHARED_MEMORY_LIMIT
+from tiledsl import gpus
 from tiledsl.tables import DTYPES
 
 @dataclass
@@ -65,7 +65,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
         elif arg.kind is Kind.ROLE:
             role = arg.name.split("_")[1]
             constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": only in (None, arg.of),
-                                    "START": 0, "PROGRAMS": 132}[role]
+                                    "START": 0, "PROGRAMS": gpus.for_arch(arch).sms}[role]
         else:
             signature[arg.name] = "i32"
             if arg.kind is Kind.SIZE and arg.name not in ("rank",) and env.get(arg.name, 1) % 16 == 0:
@@ -126,7 +126,7 @@ def compile_report(source, arch: str = "sm_90", consts: dict | None = None) -> s
     from tiledsl.api import build_module
     module = build_module(source, consts)
     row = report(module, arch)
-    if row.shared_bytes > SHARED_MEMORY_LIMIT:
+    if row.shared_bytes > gpus.for_arch(arch).shared_bytes:
         raise _too_much_shared_memory(source, module, arch, consts, row.shared_bytes)
     header = f"{'kernel':40} {'regs':>5} {'smem':>8} {'spills':>7} {'HGMMA':>6} {'cubin':>8}"
     hgmma = str(row.hgmma) if row.sass else "n/a"
@@ -152,5 +152,6 @@ def _too_much_shared_memory(source, module, arch: str, consts, total: int):
             "`acc = acc + A[i*BM : +BM, k*BK : +BK] @ B[k*BK : +BK, j*BN : +BN]`")
     what = f"tile '{worst}' needs {need[worst]} bytes" if family is not None else f"the kernel needs {total} bytes"
     span = family.span if family is not None else done.schedule.program.name.span
-    return TdsError([error(f"{what} of shared memory on {arch}, more than the {SHARED_MEMORY_LIMIT} one block "
-                           f"may use: the kernel could not launch", span, hint)], done.path, done.source)
+    gpu = gpus.for_arch(arch)
+    return TdsError([error(f"{what} of shared memory on {arch}, more than the {gpu.shared_bytes} one block may use "
+                           f"on {gpu.name}: the kernel could not launch", span, hint)], done.path, done.source)

@@ -347,8 +347,22 @@ class _Block:
             out.append(b.Mask(masked, left, self.arange(contraction, 1, 2), self.k(contraction), 0.0))
             left = masked
         name = into or self.fresh("dot")
-        out.append(b.Dot(name, left, right, convert_left, convert_right))
+        ieee = self.operand_dtype(value.left, left_cast, convert_left) == "float32" == \
+            self.operand_dtype(value.right, right_cast, convert_right)
+        out.append(b.Dot(name, left, right, convert_left, convert_right, ieee))
         return name
+
+    def operand_dtype(self, side, computed: bool, converted_to: str | None) -> str:
+        """The element type of a product's operand in the kernel: a loaded one's tensor's, a computed block
+        float32 unless it is converted to a tensor's type (`dot_operand`)."""
+        tensors = self.schedule.tensors
+        if computed:
+            return tensors[converted_to].dtype if converted_to else "float32"
+        if isinstance(side, ir.Local):  # a dot-only name: bound to loads only
+            loaded = {tensors[s.value.region.tensor].dtype for s in _all_lets(self.family.body)
+                      if s.name == side.name and isinstance(s.value, ir.Load)}
+            return loaded.pop() if len(loaded) == 1 else ""
+        return tensors[_tensor_of(side)].dtype
 
     def dot_operand(self, value, out: list) -> tuple[b.Operand, bool]:
         """A product's operand, and whether it is computed (to be converted to the loaded operand's type)."""

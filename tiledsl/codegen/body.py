@@ -170,6 +170,7 @@ class Dot:
     right: Operand
     convert_left: str | None = None    # a tensor whose element type the left operand is converted to
     convert_right: str | None = None
+    ieee: bool = False  # both operands float32: multiplied in IEEE fp32, as torch does (Triton's default is TF32)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ class Product:
     # block may reach into the next range, so A's columns past it are zeroed in registers.
     k_start: sympy.Expr = sympy.Integer(0)
     k_masked: bool = False
+    ieee: bool = False  # both operands float32: multiplied in IEEE fp32, as torch does (Triton's default is TF32)
 
 
 @dataclass(frozen=True)
@@ -440,14 +442,20 @@ def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],
     loop, blocks of several shapes) has a lowering of its own, which puts `step_waits` at the top of each
     step of its loop; its regions may gather rows and take point indices from device values, its sizes
     may not read them yet."""
-    from tiledsl.codegen.blocks import exotic, lower_block
-    if family.body or any(exotic(s.value) for s in family.stores):
+    from tiledsl.codegen.blocks import lower_block
+    if written_as_block(family):
         if any(isinstance(s.value, ir.Route) for s in family.stores) or _device_sized(family.body):
             raise LoweringError(f"tile '{family.name}': a tile written as a block (names, a loop, where, row "
                                 "reductions) does not read tensor elements as sizes yet (a loop's extent, a "
                                 "named size), nor route")
         return lower_block(schedule, family, consts, kernel, step_waits, sites)
     return _Tile(schedule, family, consts, kernel, sites).lower()
+
+
+def written_as_block(family: ir.Family) -> bool:
+    """Whether a tile takes the block lowering (codegen/blocks.py) rather than the one-block one."""
+    from tiledsl.codegen.blocks import exotic
+    return bool(family.body) or any(exotic(s.value) for s in family.stores)
 
 
 def _device_sized(statements) -> bool:
@@ -647,7 +655,8 @@ class _Tile:
                                self.k(right.dims[-1].start), self.k(left.dims[-1].size), block_m, block_n, block_k,
                                tuple(self.k(d.start) for d in left.dims[:-2]),
                                tuple(self.k(d.start) for d in right.dims[:-2]),
-                               sympy.Integer(0) if whole else self.k(k_left.start), not whole)
+                               sympy.Integer(0) if whole else self.k(k_left.start), not whole,
+                               ieee=all(self.schedule.tensors[r.tensor].dtype == "float32" for r in (left, right)))
         out.append(self.product)
         return name
 

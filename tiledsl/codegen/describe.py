@@ -89,7 +89,7 @@ def _statements(statements, depth: int = 0) -> list[str]:
             out += _statements(s.body, depth + 1)
         elif isinstance(s, body.Product):
             out.append(f"{pad}{s.name} = {s.left}[{s.row} : +{s.block_m}, :] @ {s.right}[:, {s.col} : +{s.block_n}] "
-                       f"(TMA, K = {s.k} in steps of {s.block_k})")
+                       f"(TMA, K = {s.k} in steps of {s.block_k}{', IEEE fp32' if s.ieee else ''})")
         elif isinstance(s, body.TmaStore):
             out.append(f"{pad}store {s.tensor}[{s.row}, {s.col}] = {s.value} (TMA)")
         elif isinstance(s, body.Store):
@@ -121,7 +121,7 @@ def _statements(statements, depth: int = 0) -> list[str]:
         elif isinstance(s, body.Dot):
             out.append(f"{pad}{s.name} = {_operand(s.left)} @ {_operand(s.right)} (tl.dot"
                        + (f", computed operands as {s.convert_left or s.convert_right}'s type"
-                          if s.convert_left or s.convert_right else "") + ")")
+                          if s.convert_left or s.convert_right else "") + (", IEEE fp32" if s.ieee else "") + ")")
         elif isinstance(s, body.Mask):
             out.append(f"{pad}{s.name} = {_operand(s.arg)} where {s.along} < {s.bound}, else {s.fill}")
         elif isinstance(s, body.Put):

@@ -4,6 +4,7 @@ hints, so that an accepted program always builds and no LoweringError reaches a 
 is kept for the build that follows (a lowering is the slowest part of checking some programs)."""
 from __future__ import annotations
 
+from tiledsl import gpus
 from tiledsl.codegen.body import LoweringError
 from tiledsl.codegen.plan import KernelPlan, lower
 from tiledsl.diagnostics import Diagnostic, error
@@ -14,20 +15,22 @@ _PLANS: dict[tuple, KernelPlan] = {}
 _KEPT = 64
 
 
-def refusals(schedule: ir.Schedule, consts: dict | None = None) -> list[Diagnostic]:
-    """Why code generation cannot emit `schedule` (with `consts`): one positioned error, or none."""
+def refusals(schedule: ir.Schedule, consts: dict | None = None, gpu=None) -> list[Diagnostic]:
+    """Why code generation cannot emit `schedule` (with `consts`, for `gpu`): one positioned error, or none."""
     try:
-        plan_of(schedule, consts)
+        plan_of(schedule, consts, gpu)
     except LoweringError as why:
         return [refusal(schedule, why)]
     return []
 
 
-def plan_of(schedule: ir.Schedule, consts: dict | None = None) -> KernelPlan:
-    """The kernel plan of `schedule` (raises LoweringError), lowered once per program text and consts."""
-    key = (schedule.program.path, schedule.program.source, tuple(sorted((consts or {}).items())))
+def plan_of(schedule: ir.Schedule, consts: dict | None = None, gpu=None) -> KernelPlan:
+    """The kernel plan of `schedule` (raises LoweringError), lowered once per program text, consts and
+    GPU (tiledsl.gpus: its SM count bounds the programs)."""
+    key = (schedule.program.path, schedule.program.source, tuple(sorted((consts or {}).items())),
+           gpus.named(gpu).name)
     if key not in _PLANS:
-        plan = lower(schedule, consts)
+        plan = lower(schedule, consts, gpu=gpu)
         while len(_PLANS) >= _KEPT:
             del _PLANS[next(iter(_PLANS))]
         _PLANS[key] = plan

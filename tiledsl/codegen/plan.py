@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 import tiledsl
+from tiledsl import gpus
 from tiledsl.codegen.body import (Fence, If, LoweringError, Product, Put, Record, Statement, Wait, chunk_body,
                                   tile_body)
 from tiledsl.codegen.device import DeviceValues, GuardSite, Sites
@@ -201,8 +202,9 @@ def source_line(schedule: ir.Schedule, span) -> str:
     return f"{schedule.program.path}:{span.line} {text}"
 
 
-def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> KernelPlan:
-    """Plan the kernel, the signals and the host steps for a checked schedule."""
+def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None, gpu=None) -> KernelPlan:
+    """Plan the kernel, the signals and the host steps for a checked schedule (its program counts
+    resident on `gpu`, tiledsl.gpus: the default H200's)."""
     consts = {**schedule.consts, **(consts or {})}
     from tiledsl.codegen.blocks import BUILD_OPTIONS
     for name, value in consts.items():
@@ -210,7 +212,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None) -> Kernel
             raise LoweringError(f"'{name}' is not a const of {schedule.name}; consts: {', '.join(schedule.consts)}")
         if name in schedule.tunables and value not in schedule.tunables[name]:
             raise LoweringError(f"{name}={value} is not one of its choices {list(schedule.tunables[name])}")
-    _check_program_counts(schedule, consts)
+    _check_program_counts(schedule, consts, gpus.named(gpu))
     for tensor in schedule.tensors.values():
         if tensor.dtype == "float64":
             # tiles compute in float32 and tl.dot has no f64 product on Hopper: an f64 program would
@@ -515,17 +517,16 @@ def _resolve_splits(schedule: ir.Schedule, consts: dict[str, int]) -> ir.Schedul
     return dataclasses.replace(schedule, families=families)
 
 
-def _check_program_counts(schedule: ir.Schedule, consts: dict[str, int]) -> None:
+def _check_program_counts(schedule: ir.Schedule, consts: dict[str, int], gpu: gpus.GPU) -> None:
     """The checker proved the program counts fit on the GPU with the consts' defaults; counts that
     are expressions of consts (`sms(RED_SMS)`) are checked again with the values built."""
-    from tiledsl.schedule.check import SM_COUNT
     on_sms = [f for f in schedule.families.values() if f.engine.kind is not ir.EngineKind.COPY_ENGINE]
     fixed = {f.name: f.engine.count(consts) for f in on_sms if f.engine.programs is not None}
     spare = 1 if any(f.engine.programs is None for f in on_sms) else 0
-    if any(n <= 0 for n in fixed.values()) or sum(fixed.values()) > SM_COUNT - spare:
+    if any(n <= 0 for n in fixed.values()) or sum(fixed.values()) > gpu.sms - spare:
         asks = ", ".join(f"'{name}' {n}" for name, n in fixed.items())
         raise LoweringError(f"with these consts the families ask for {asks} SM programs: each needs at least one, "
-                            f"and together at most {SM_COUNT - spare} of the GPU's {SM_COUNT} SMs"
+                            f"and together at most {gpu.sms - spare} of the {gpu.name}'s {gpu.sms} SMs"
                             + (", one left for sms(rest)" if spare else ""))
 
 

@@ -54,7 +54,10 @@ class Op:
     moe_ops.py."""
     name = ""
     programs: tuple = ()
-    gemm = False  # its programs multiply with tl.dot through TMA descriptors (Hopper; TF32 for fp32)
+    # its programs multiply with tl.dot through TMA descriptors (Hopper). A program that declares f32
+    # multiplies in IEEE fp32; the library's declare bf16 and run fp32 through dtype_override, whose
+    # kernel source (made from the declared dtypes) keeps Triton's default for fp32: TF32
+    gemm = False
 
     def paths(self, entry) -> list[Path]:
         """The torch path, then each program with each combination of the tunables the heap leaves open."""
@@ -74,7 +77,8 @@ class Op:
             if torch.cuda.get_device_capability(p.device) < (9, 0):
                 return "the GEMM programs use TMA and wgmma: Hopper (sm_90) or newer"
             if p.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
-                return ("tl.dot multiplies fp32 as TF32 and torch is set to full fp32 products "
+                return ("the library's GEMM programs declare bf16 and run fp32 through a dtype override, "
+                        "where tl.dot multiplies as TF32, and torch is set to full fp32 products "
                         "(torch.set_float32_matmul_precision('high') allows the programs)")
         if path.program.endswith("_push") and not (entry.emulated or entry.kind == "NvshmemHeap"):
             return f"NVSHMEM puts need an NVSHMEM heap, not a {entry.kind}"

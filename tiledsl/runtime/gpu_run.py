@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from tiledsl.runtime import placement
-from tiledsl.runtime.run_program import (TOLERANCE, Verdict, compare, make_inputs, poison, program_schedule,
-                                         valid_rows)
+from tiledsl.runtime.run_program import (TOLERANCE, Verdict, compare, launch_sizes, make_inputs, poison,
+                                         program_schedule, valid_rows)
 from tiledsl.runtime.reference import Reference
 from tiledsl.topology import declared
 
@@ -17,13 +17,13 @@ from tiledsl.topology import declared
 def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Verdict]:
     import tiledsl
     from tiledsl.runtime.heap import open_heap
-    from tiledsl.schedule.meaning import default_sizes
 
     place = placement.start()
     rank, world = dist.get_rank(), dist.get_world_size()
     schedule = program_schedule(source)
     nodes = declared(world).nodes if schedule.spans_nodes else 1  # a one-node program is refused on more
-    sizes = {**default_sizes(schedule, world, nodes=nodes), **sizes}
+    # the defaults, and given sizes the program (or its kernel's TMA rows) cannot run at refused at their line
+    sizes = launch_sizes(schedule, world, sizes, {}, nodes)
     shapes = Reference(schedule, world, sizes, nodes=nodes).shapes(rank)
     verdicts, notes = {}, {}
     with open_heap() as heap:

@@ -273,6 +273,7 @@ def _casts(family, written: str) -> set[str]:
 def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1) -> dict:
     """The given sizes, the rest from `default_sizes`; sizes the program cannot run at are reported
     against the .tds line that needs them, before any rank starts."""
+    from tiledsl.codegen.tma import row_conditions
     from tiledsl.schedule.meaning import compile_exprs, default_sizes, size_symbols, size_values
     program = schedule.program
     if world % nodes:
@@ -296,10 +297,12 @@ def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1
                            program.path, program.source) from None
         sizes = dict(given)
     values = size_values(schedule, world, {**sizes, **consts}, nodes)
-    holds = compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))(*values)
+    # the program's conditions, and the TMA rows of the kernel built with these consts
+    conditions = schedule.conditions + row_conditions(schedule, consts)
+    holds = compile_exprs(tuple(c.holds for c in conditions), size_symbols(schedule))(*values)
     shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
-    broken = {(c.message, c.span): error(f"{c.message} (at {shown}, world {world})", c.span)
-              for c, ok in zip(schedule.conditions, holds) if not ok}
+    broken = {(c.message, c.span): error(f"{c.message} (at {shown}, world {world})", c.span, hint=c.hint)
+              for c, ok in zip(conditions, holds) if not ok}
     if broken:
         raise TdsError(list(broken.values()), program.path, program.source)
     return sizes

@@ -72,19 +72,18 @@ def sizes(module, callers, tensors: dict[str, torch.Tensor], rank: int, world: i
 def _tma_rows(module, shapes: dict, tensors: dict, dtype_override: dict) -> None:
     """A matrix product reads its operands (and may write its result) through TMA descriptors, which
     need rows of a multiple of 16 bytes and 16-byte aligned bases: say so before Triton asserts."""
+    from tiledsl.codegen.tma import ROW_BYTES, row_refusal, rows_fit
     where = {t.name: t.where for t in module.tds_TENSORS}
     for arg in module.tds_ARGS:
         if arg.kind != "descriptor":
             continue
+        # judged in the dtype the tensor has here (a dtype override's), named as tables.DTYPES names it
         dtype = dtype_override.get(arg.dtype, getattr(torch, arg.dtype))
-        size = torch.empty((), dtype=dtype).element_size()
+        name = str(dtype).removeprefix("torch.")
         columns = shapes[arg.of][-1]
-        if columns * size % 16:
-            raise LaunchError(f"tensor '{arg.of}' ({where[arg.of]}): its rows are {columns * size} bytes ({columns} x "
-                              f"{dtype}); a matrix product reads it through a TMA descriptor, which needs rows of a "
-                              f"multiple of 16 bytes: pad the last dimension to a multiple of {16 // size}, or call "
-                              "tiledsl.ops, which pads")
-        if arg.of in tensors and tensors[arg.of].data_ptr() % 16:
+        if not rows_fit(columns, dtype.itemsize):
+            raise LaunchError(row_refusal(arg.of, where[arg.of], columns, name, arg.dtype))
+        if arg.of in tensors and tensors[arg.of].data_ptr() % ROW_BYTES:
             raise LaunchError(f"tensor '{arg.of}' ({where[arg.of]}): its data must start at a 16-byte aligned address "
                               "(a TMA descriptor reads it); pass a tensor that does not start mid-allocation")
 

@@ -63,6 +63,7 @@ class Builder:
         self.tunables: dict[str, tuple[int, ...]] = {}
         self.sizes: dict[str, sympy.Expr] = dict(BUILTIN_SIZES)
         self.tensors: dict[str, ir.Tensor] = {}
+        self.unbuilt: set[str] = set()  # tensors whose declaration has an error, reported there and only there
         self.lets: list[tuple[str, sympy.Expr]] = []
         self.values = ValueBuilder(self)
         self.spans_nodes = False  # a topology name was used
@@ -85,6 +86,8 @@ class Builder:
         return True
 
     def unknown(self, name: ast.Name, candidates) -> None:
+        if name.id in self.unbuilt:
+            return  # its declaration's error is reported: its uses would only repeat it
         guess = difflib.get_close_matches(name.id, list(candidates), n=1)
         self.fail(f"unknown name '{name.id}'", name.span, hint=f"did you mean '{guess[0]}'?" if guess else None)
 
@@ -269,9 +272,13 @@ class Builder:
                 self.fail(f"`cap` bounds counts: '{decl.name.id}' must be an integer tensor, not {dtype}",
                           decl.cap.span)
                 cap = None
-        if self.declare(decl.name) and dtype is not None and None not in shape:
-            self.tensors[decl.name.id] = ir.Tensor(decl.name.id, ir.Role(decl.role), dtype, tuple(shape), decl.span,
-                                                   cap, decl.upto.id if decl.upto else None)
+        if not self.declare(decl.name):
+            return
+        if dtype is None or None in shape:
+            self.unbuilt.add(decl.name.id)
+            return
+        self.tensors[decl.name.id] = ir.Tensor(decl.name.id, ir.Role(decl.role), dtype, tuple(shape), decl.span,
+                                               cap, decl.upto.id if decl.upto else None)
 
     def ragged(self, program: ast.Program) -> None:
         """`X : ...[d0, .., dn] upto count`: count is an integer tensor shaped like a prefix of X's

@@ -12,21 +12,26 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+from tiledsl import gpus
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
-from tiledsl.schedule import ir, races, transport
+from tiledsl.schedule import carried, ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
+                                     launch_conditions,
                                      per_schedule, ragged_sizes, runs_on, small_sizes, topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
-SM_COUNT = 132        # SMs of an H100 / H200: programs that spin on signals must all be resident at once
+SM_COUNT = gpus.DEFAULT.sms  # the default GPU's: programs that spin on signals must all be resident at once
 
 
-def check(schedule: ir.Schedule) -> list[Diagnostic]:
-    """Every error and warning the schedule has, sorted by source position."""
+def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diagnostic]:
+    """Every error and warning the schedule has, sorted by source position. The residency of the kernel's
+    programs is proven for `gpu` (tiledsl.gpus; the default H200's 132 SMs): a launch on a GPU where it
+    would not hold is refused by the launcher."""
+    gpu = gpus.named(gpu)
     found: dict[object, Diagnostic] = {}  # keyed so that a finding made at several worlds is reported once
-    for key, diagnostic in [*_resident_programs(schedule), *_unused(schedule), *_constant_conditions(schedule)]:
+    for key, diagnostic in [*_resident_programs(schedule, gpu), *_unused(schedule), *_constant_conditions(schedule)]:
         found.setdefault(key, diagnostic)
     try:
         family_sequence(schedule)
@@ -67,6 +72,7 @@ def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
     yield from transport.findings(concrete)
     yield from _skipped(concrete)
     yield from _unsignalled(concrete)
+    yield from carried.findings(concrete)
     # a family waiting on itself or a later instance of its own: named as such, not as a cycle
     self_waits = list(_self_waits(concrete))
     yield from self_waits
@@ -107,30 +113,31 @@ def _family_cycle(schedule: ir.Schedule, cyclic: FamilyCycleError):
 def _constant_conditions(schedule: ir.Schedule):
     """A launch condition on consts alone that fails would refuse every launch: refuse the build."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
-    for condition in schedule.conditions:
+    for condition in launch_conditions(schedule):
         if condition.holds.free_symbols <= set(consts) and not bool(condition.holds.subs(consts)):
             values = ", ".join(f"{s} = {consts[s]}" for s in sorted(condition.holds.free_symbols, key=str))
             yield ("condition", condition.message), error(
-                f"{condition.message}, and it is not" + (f" ({values})" if values else ""), condition.span)
+                f"{condition.message}, and it is not" + (f" ({values})" if values else ""), condition.span,
+                hint=condition.hint)
 
 
 # ---- programs per rank ---------------------------------------------------------------------------
 
-def _resident_programs(schedule: ir.Schedule):
+def _resident_programs(schedule: ir.Schedule, gpu: gpus.GPU):
     on_sms = [f for f in schedule.families.values() if f.engine.kind is not ir.EngineKind.COPY_ENGINE]
     fixed = [f for f in on_sms if f.engine.programs is not None]
     rest = [f for f in on_sms if f.engine.programs is None]
     count = {f.name: f.engine.count(schedule.consts) for f in fixed}
     total = sum(count.values())
-    if total <= SM_COUNT - (1 if rest else 0):
+    if total <= gpu.sms - (1 if rest else 0):
         return
     largest = max(fixed, key=lambda f: count[f.name])
     notes = [Note(f"'{f.name}' asks for {count[f.name]}", site(f, f.engine.span)) for f in fixed
              if f is not largest]
-    if total > SM_COUNT:
-        message = f"the families ask for {total} resident SM programs, but the GPU has {SM_COUNT} SMs"
+    if total > gpu.sms:
+        message = f"the families ask for {total} resident SM programs, but the {gpu.name} has {gpu.sms} SMs"
     else:
-        message = f"the families ask for all {SM_COUNT} SMs, leaving none for '{rest[0].name}' (sms(rest))"
+        message = f"the families ask for all {gpu.sms} SMs of the {gpu.name}, leaving none for '{rest[0].name}' (sms(rest))"
     yield "programs", error(message, site(largest, largest.engine.span), notes=notes,
                             hint="programs that spin on signals must all be resident at once, or they deadlock; "
                                  "ask for fewer")

@@ -334,6 +334,7 @@ class Condition:
     holds: sympy.Expr  # a sympy relation or `Eq(Mod(a, b), 0)` over params, consts and world
     message: str
     span: ast.Span = field(compare=False)
+    hint: str | None = field(default=None, compare=False)  # what to change, where the message alone does not say
 
 
 @dataclass(frozen=True)

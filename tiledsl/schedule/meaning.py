@@ -180,7 +180,7 @@ def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int, nodes: i
     """Small values for the program's params at `world` ranks in `nodes` nodes.
 
     Every param is set to world * L * k, with L the lcm of the consts and of the numbers in the launch
-    conditions, and k = 1, 2, ... the smallest multiple for which every `schedule.conditions` holds with
+    conditions, and k = 1, 2, ... the smallest multiple for which every `launch_conditions` holds with
     the consts at their values, every index extent that depends on a param is at least 2, and all ranks
     together have at most `max_instances` instances. Where no k up to MAX_MULTIPLE gives that, L is cut
     to what the conditions alone need (each param's own, where they differ), then each param gets a unit
@@ -193,7 +193,7 @@ def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int, nodes: i
     world alone that fails at this world, say, or an index space that is large at any valid size)."""
     consts = {ir.size_symbol(name): value for name, value in schedule.consts.items()}
     numbers = [(c.holds.free_symbols, [int(a) for a in c.holds.subs(consts).atoms(sympy.Integer) if a > 0])
-               for c in schedule.conditions]
+               for c in launch_conditions(schedule)]
     every = math.lcm(1, *(a for _, found in numbers for a in found))
     # per param, the lcm of the numbers in the conditions on it: `require DM % 8 == 0` makes DM's
     # multiples of 8 and leaves the other params' alone
@@ -280,7 +280,7 @@ def _divisions(schedule: ir.Schedule) -> tuple[set, list]:
     exprs += [e for f in schedule.families.values() for r in f.reads + f.writes for d in r.dims
               for e in (d.start, d.size)]
     divisions = set()
-    for expr in exprs + [c.holds for c in schedule.conditions]:
+    for expr in exprs + [c.holds for c in launch_conditions(schedule)]:
         for node in sympy.preorder_traversal(sympy.sympify(expr)):
             if isinstance(node, sympy.Mod):
                 divided, by = node.args
@@ -291,7 +291,7 @@ def _divisions(schedule: ir.Schedule) -> tuple[set, list]:
             by = sympy.sympify(by).subs(consts)
             if params_of(divided) and by.free_symbols <= {ir.WORLD}:
                 divisions.add((params_of(divided), by))
-    conditions = [(params_of(c.holds), c.holds.subs(consts)) for c in schedule.conditions]
+    conditions = [(params_of(c.holds), c.holds.subs(consts)) for c in launch_conditions(schedule)]
     return divisions, [(params, holds) for params, holds in conditions if params]
 
 
@@ -304,7 +304,7 @@ def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INS
     nothing can move or the result breaks a condition or the instance bound. `sizes`: default_sizes'
     answer, if known."""
     sizes = sizes or default_sizes(schedule, world, max_instances, nodes)
-    bound = {s.name for c in schedule.conditions for s in c.holds.free_symbols}
+    bound = {s.name for c in launch_conditions(schedule) for s in c.holds.free_symbols}
     moved, free = dict(sizes), 0
     for p in schedule.params:
         if p not in bound:
@@ -315,7 +315,7 @@ def ragged_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INS
         # and numbers (M / world a multiple of BM: world * BM); the other conditions hold already, and
         # consts no condition on p names cannot matter (flash_decode's SMS = 132 and MINKEYS = 512 made
         # the search 33792 steps long)
-        naming = [c.holds for c in schedule.conditions if p in {x.name for x in c.holds.free_symbols}]
+        naming = [c.holds for c in launch_conditions(schedule) if p in {x.name for x in c.holds.free_symbols}]
         named = {x.name for h in naming for x in h.free_symbols}
         numbers = [int(a) for h in naming for a in h.atoms(sympy.Integer) if a > 1]
         limit = 2 * world * math.lcm(1, *(v for k, v in schedule.consts.items() if k in named), *numbers)
@@ -340,7 +340,7 @@ def small_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INST
     sizes = sizes or default_sizes(schedule, world, max_instances, nodes)
     small = dict(sizes)
     for p in schedule.params:
-        naming = [c.holds for c in schedule.conditions if p in {x.name for x in c.holds.free_symbols}]
+        naming = [c.holds for c in launch_conditions(schedule) if p in {x.name for x in c.holds.free_symbols}]
         named = {x.name for h in naming for x in h.free_symbols}
         numbers = [int(a) for h in naming for a in h.atoms(sympy.Integer) if a > 1]
         limit = 2 * world * math.lcm(1, *(v for k, v in schedule.consts.items() if k in named), *numbers)
@@ -363,15 +363,24 @@ def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes
             *extra)
 
 
+@per_schedule
+def launch_conditions(schedule: ir.Schedule) -> tuple[ir.Condition, ...]:
+    """The program's launch conditions and what the generated kernel needs of the sizes beside them: rows
+    of a multiple of 16 bytes for the tensors it reads through TMA descriptors (codegen/tma.py). The
+    sizes chosen for checking, emulation and GPU runs meet both."""
+    from tiledsl.codegen.tma import row_conditions  # the lowering decides which tensors TMA reads
+    return schedule.conditions + row_conditions(schedule)
+
+
 def _conditions_hold(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> bool:
-    if not schedule.conditions:
+    if not launch_conditions(schedule):
         return True
     return all(_compiled_conditions(schedule)(*_size_values(schedule, world, sizes, nodes)))
 
 
 @per_schedule
 def _compiled_conditions(schedule: ir.Schedule) -> Callable[..., tuple]:
-    return compile_exprs(tuple(c.holds for c in schedule.conditions), size_symbols(schedule))
+    return compile_exprs(tuple(c.holds for c in launch_conditions(schedule)), size_symbols(schedule))
 
 
 def _extents(schedule, family: ir.Family, world: int, sizes: dict[str, int], rank: int,

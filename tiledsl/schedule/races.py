@@ -12,7 +12,7 @@ import numpy
 
 from tiledsl.diagnostics import Diagnostic, Note, error
 from tiledsl.schedule import ir
-from tiledsl.schedule.meaning import Access, Concrete
+from tiledsl.schedule.meaning import Access, Concrete, per_schedule
 from tiledsl.schedule.witness import Deadlock, Point, Race, Step
 from tiledsl.schedule.wording import family_text, point, sizes_text, where
 
@@ -166,7 +166,8 @@ def find_races(concrete: Concrete, before: list[int]):
     of edges orders. Accumulations of `reduce add` chunks into one target commute, so they do not race."""
     schedule = concrete.schedule
     names = list(schedule.families)
-    reported = numpy.zeros((len(names), len(names)), dtype=bool)
+    found: dict[frozenset, tuple[Access, Access, bool]] = {}  # per pair of families: a race, across ranks
+    rank = [i.rank for i in concrete.instances]
     number = {name: n for n, name in enumerate(names)}
     family_of = [number[i.family] for i in concrete.instances]
     # the targets of `reduce add` chunks: read and written by one atomic accumulation
@@ -206,13 +207,19 @@ def find_races(concrete: Concrete, before: list[int]):
             clash &= ~((key[None] >= 0) & (key[None] == key[w]) & apart)
             for row, other in zip(*numpy.nonzero(clash)):
                 first = int(w[row, 0])
-                a, b = int(who[first]), int(who[other])
-                na, nb = node[first], node[other]
-                if reported[family[first], family[other]] or (before[nb] >> na) & 1 or (before[na] >> nb) & 1:
+                pair = frozenset((names[family[first]], names[family[other]]))
+                across = rank[who[first]] != rank[who[other]]
+                held = found.get(pair)
+                # one race per pair of families; between two families, one across ranks if there is one,
+                # so that the hint's edge reaches every rank it must (`@ every rank`)
+                if held is not None and (held[2] or not across or len(pair) == 1):
                     continue
-                reported[family[first], family[other]] = reported[family[other], family[first]] = True
-                yield ("race", frozenset((names[family[first]], names[family[other]]))), _race(
-                    concrete, accesses[first], accesses[other])
+                na, nb = node[first], node[other]
+                if (before[nb] >> na) & 1 or (before[na] >> nb) & 1:
+                    continue
+                found[pair] = (accesses[first], accesses[other], across)
+    for pair, (write, other, _) in found.items():
+        yield ("race", pair), _race(concrete, write, other)
 
 
 def _through(accesses: list[Access]):
@@ -235,12 +242,16 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
         # Two writers: the one declared later should wait for the other.
         waited, waiter = sorted((write, other), key=lambda access: list(schedule.families).index(
             concrete.instances[access.instance].family))
-        does, may = "writes", "write"
-    elif schedule.tensors[tensor].role is ir.Role.INOUT:
-        # The reader wants the caller's value: the writer must wait until it has been read.
-        waiter, waited, does, may = write, other, "writes", "read"
+    elif _reads_first(concrete, reader=other, writer=write):
+        # The reader wants the value from before the write: the writer must wait until it has been read.
+        waiter, waited = write, other
     else:
-        waiter, waited, does, may = other, write, "reads", "write"
+        waiter, waited = other, write
+    if _edge_closes_cycle(concrete, waiter, waited):
+        # `a after b` where b already waits on a deadlocks: the other order is the one an edge can give
+        waiter, waited = waited, waiter
+    does = "writes" if waiter.write else "reads"
+    may = "write" if waited.write else "read"
     a, b = concrete.instances[waiter.instance], concrete.instances[waited.instance]
     witness = Race(where(concrete), tensor, write.copy, node_point(concrete, concrete.node_of(write)),
                    node_point(concrete, concrete.node_of(other)), other.write,
@@ -259,6 +270,9 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
         hint = ("give each instance its own region" if a.rank != b.rank and chain is None else
                 f"add an edge: {chain} (a chain across ranks), or give each instance its own region"
                 if chain is not None else f"give each instance its own region, or chain them: {hint}")
+    elif _edge_closes_cycle(concrete, waiter, waited):
+        # each family already waits on the other one: no edge between the two can order them
+        hint = f"'{a.family}' and '{b.family}' each wait on the other already: give each its own region"
     elif a.rank != b.rank:
         hint += " @ every rank"
     step = concrete.instance_of(concrete.node_of(waiter))[1]
@@ -270,6 +284,37 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                  notes=[Note(f"'{b.family}' {may}s {tensor} here: {at_a} and {at_b} touch the same elements, "
                              f"ordered by no edge (at {sizes_text(concrete)})", waited.region.span)],
                  witness=witness)
+
+
+def _reads_first(concrete: Concrete, reader: Access, writer: Access) -> bool:
+    """Whether a read that races with a write means the value from before it (the writer should wait
+    for the reader): the caller's value of an `inout` tensor, or one that another family writes and the
+    reader already waits on (a buffer reused: read what `first` wrote, then overwritten by `then`)."""
+    schedule = concrete.schedule
+    tensor = reader.region.tensor
+    if schedule.tensors[tensor].role is ir.Role.INOUT:
+        return True
+    reading, writing = (concrete.instances[a.instance].family for a in (reader, writer))
+    if reading == writing:
+        return False  # within one family, the order of its instances decides (`_ring_edge`)
+    feeds = networkx.ancestors(_families(schedule), reading) - {writing}
+    return any(r.tensor == tensor for f in feeds for r in schedule.families[f].writes)
+
+
+def _edge_closes_cycle(concrete: Concrete, waiter: Access, waited: Access) -> bool:
+    """Whether `waiter's family after waited's family` would close a cycle of families (the waited
+    family already waits, through edges, on the waiter's): a deadlock, whatever the index map."""
+    a, b = (concrete.instances[x.instance].family for x in (waiter, waited))
+    return a != b and networkx.has_path(_families(concrete.schedule), a, b)
+
+
+@per_schedule
+def _families(schedule: ir.Schedule) -> networkx.DiGraph:
+    """The families, with an arc from each producer to each family that waits on it."""
+    families = networkx.DiGraph()
+    families.add_nodes_from(schedule.families)
+    families.add_edges_from((e.producer, e.consumer) for e in schedule.edges if e.producer != e.consumer)
+    return families
 
 
 def _ring_edge(concrete: Concrete, waiter: Access, waited: Access) -> str | None:

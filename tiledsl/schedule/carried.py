@@ -1,0 +1,54 @@
+"""Values carried from one call to the next: a `reduce add` chunk adds into its target, and a `symm` or
+`local` target keeps what the last call left there, so a sum that nothing in the call clears grows
+call after call. Legal (a running total), but rarely meant: a warning, decided per element of each
+rank's copy on the concrete instances, like races."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy
+
+from tiledsl.diagnostics import Note, warning
+from tiledsl.schedule import ir
+from tiledsl.schedule.meaning import Concrete
+from tiledsl.schedule.wording import family_text, sizes_text
+
+KEPT = (ir.Role.SYMM, ir.Role.LOCAL)  # the roles whose values outlive a call
+
+
+def findings(concrete: Concrete):
+    """An accumulation into elements of a kept tensor that no plain write of the call covers: neither
+    a clear before it (a fresh sum) nor a reset after it (for the next call; the heap starts zeroed).
+    An unordered plain write is a race, refused on its own."""
+    schedule = concrete.schedule
+    adding = {id(r) for f in schedule.families.values() if f.reduce == "add" for r in f.writes
+              if schedule.tensors[r.tensor].role in KEPT}
+    if not adding:
+        return
+    written: dict[tuple[str, int], list] = defaultdict(list)   # (tensor, copy) -> plain writes
+    added: dict[tuple[str, int], list] = defaultdict(list)     # (tensor, copy) -> accumulations
+    for access in concrete.accesses:
+        if access.write and not access.empty:
+            (added if id(access.region) in adding else written)[access.region.tensor, access.copy].append(access)
+    for (tensor, copy), accumulations in added.items():
+        cleared = numpy.zeros(concrete.shapes[tensor], dtype=bool)
+        for write in written.get((tensor, copy), ()):
+            cleared[_box(write)] = True
+        for access in accumulations:
+            if cleared[_box(access)].all():
+                continue
+            family = concrete.instances[access.instance].family
+            role = schedule.tensors[tensor].role.value
+            yield ("carried", tensor), warning(
+                f"{family_text(schedule, family)} adds into '{tensor}', which nothing in the call clears: "
+                f"each call's sum starts from what the last call left (at {sizes_text(concrete)})",
+                access.region.span,
+                notes=[Note(f"'{tensor}' is `{role}`: its values outlive a call", schedule.tensors[tensor].span)],
+                hint=f"clear it first: a tile `{tensor}[...] = 0` that '{family}' waits on (an edge "
+                     f"`{family}[...] after ...`)" + ("" if access.region.owner is not None else
+                                                     f"; for a total kept over calls, make '{tensor}' `inout`"))
+            break
+
+
+def _box(access) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi) for lo, hi in zip(access.lo, access.hi))
