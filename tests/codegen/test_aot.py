@@ -153,3 +153,42 @@ def test_a_ranged_wait_reads_its_slots_all_at_once_then_fences_once(name):
     ptx = compile_kernel(module).asm["ptx"]
     assert ranged and ptx.count("ld.relaxed.sys.global.b32") >= 32 * ranged
     assert ptx.count("fence.acq_rel.sys") == ranged
+
+
+# A block tile that reads a whole dimension holds all of it: [64, 1024] x [1024, 64] of f32 is a MB of
+# shared memory (issue 24: build --arch reported 1.5 MB without a word). Its hint, a loop over K, fits.
+WHOLE_K = """\
+program whole_k
+param M, N
+const KK = 1024, BM = 64, BN = 64, BK = 64
+in  A : f32[M, KK]
+in  B : f32[KK, N]
+out C : f32[M, N]
+tile mm[i in cdiv(M, BM), j in cdiv(N, BN)]:
+    a = A[i*BM : +BM, :]
+    C[i*BM : +BM, j*BN : +BN] = a @ B[:, j*BN : +BN]
+"""
+SPLIT_K = WHOLE_K.replace("""\
+    a = A[i*BM : +BM, :]
+    C[i*BM : +BM, j*BN : +BN] = a @ B[:, j*BN : +BN]
+""", """\
+    acc = 0
+    for k in cdiv(KK, BK):
+        acc = acc + A[i*BM : +BM, k*BK : +BK] @ B[k*BK : +BK, j*BN : +BN]
+    C[i*BM : +BM, j*BN : +BN] = acc
+""")
+
+
+def test_a_kernel_past_the_shared_memory_of_an_sm_is_refused_at_its_tile_and_the_hint_fits(tmp_path):
+    from tiledsl.codegen.aot import compile_report
+    from tiledsl.diagnostics import TdsError
+    path = tmp_path / "whole_k.tds"
+    path.write_text(WHOLE_K)
+    with pytest.raises(TdsError) as refused:
+        compile_report(path, "sm_90")
+    (found,) = refused.value.diagnostics
+    need = int(re.search(r"needs (\d+) bytes", found.message)[1])
+    assert found.span.line == 7 and "tile 'mm'" in found.message and need > HOPPER_SHARED_BYTES
+    assert "for k in cdiv(K, BK)" in found.hint
+    path.write_text(SPLIT_K)
+    assert "(arch sm_90)" in compile_report(path, "sm_90")

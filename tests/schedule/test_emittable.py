@@ -100,3 +100,10 @@ def test_a_refusal_is_exit_1_of_run_not_an_internal_error(tmp_path, capsys):
     assert cli.main(["run", str(path), "--world", "2"]) == 1
     err = capsys.readouterr().err
     assert "internal error" not in err and f"{path}:{at(PEER_PRODUCT, 'A@((rank + 1)')[0]}:" in err
+
+
+def test_a_tile_of_one_element_builds_instead_of_being_refused():
+    """`Y[i] = X[i]`: the checker used to accept it and the build refused it (blocks of 0 dimensions)."""
+    module = run("program one\nparam N\nin  X : f32[N]\nout Y : f32[N]\ntile one[i in N]: Y[i] = X[i] * 2\n").module
+    compile(module, "one_tds.py", "exec")
+    assert "tl.load(X + i)" in module

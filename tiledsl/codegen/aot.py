@@ -31,10 +31,10 @@ def arch_number(arch: str) -> int:
 
 
 def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None,
-                   trace: bool = False, options: dict | None = None):
-    """Compile `module.tds_kernel` for `arch` with every family enabled; returns Triton's CompiledKernel.
-    The signature comes from the module's one list of kernel arguments (`tds_ARGS`); `dtype` replaces
-    the tensors' own (an fp16 build of a bf16 program, say)."""
+                   trace: bool = False, options: dict | None = None, only: str | None = None):
+    """Compile `module.tds_kernel` for `arch` with every family enabled (or family `only`); returns
+    Triton's CompiledKernel. The signature comes from the module's one list of kernel arguments
+    (`tds_ARGS`); `dtype` replaces the tensors' own (an fp16 build of a bf16 program, say)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -64,8 +64,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             constexprs[arg.name] = blocks[arg.name]
         elif arg.kind is Kind.ROLE:
             role = arg.name.split("_")[1]
-            constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": True, "START": 0,
-                                    "PROGRAMS": gpus.for_arch(arch).sms}[role]
+            constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": only in (None, arg.of),
+                                    "START": 0, "PROGRAMS": gpus.for_arch(arch).sms}[role]
         else:
             signature[arg.name] = "i32"
             if arg.kind is Kind.SIZE and arg.name not in ("rank",) and env.get(arg.name, 1) % 16 == 0:
@@ -93,6 +93,10 @@ def _cuobjdump() -> str | None:
 
 def report(module, arch: str = "sm_90", sizes: dict | None = None, options: dict | None = None) -> KernelReport:
     kernel = compile_kernel(module, arch, sizes, options=options)
+    return _report(module, kernel)
+
+
+def _report(module, kernel) -> KernelReport:
     cubin = kernel.asm["cubin"]
     hgmma, sass, registers, spills = 0, False, 0, 0
     tool = _cuobjdump()
@@ -122,7 +126,32 @@ def compile_report(source, arch: str = "sm_90", consts: dict | None = None) -> s
     from tiledsl.api import build_module
     module = build_module(source, consts)
     row = report(module, arch)
+    if row.shared_bytes > gpus.for_arch(arch).shared_bytes:
+        raise _too_much_shared_memory(source, module, arch, consts, row.shared_bytes)
     header = f"{'kernel':40} {'regs':>5} {'smem':>8} {'spills':>7} {'HGMMA':>6} {'cubin':>8}"
     hgmma = str(row.hgmma) if row.sass else "n/a"
     line = f"{row.name:40} {row.registers:5d} {row.shared_bytes:8d} {row.spill_bytes:7d} {hgmma:>6} {row.cubin_bytes:8d}"
     return f"{header}\n{line}\n(arch {arch})"
+
+
+def _too_much_shared_memory(source, module, arch: str, consts, total: int):
+    """The error of a kernel that cannot launch for its shared memory, at the tile that takes the most
+    (each tile's own compile: a kernel holds the largest of its families' needs)."""
+    from tiledsl import pipeline
+    from tiledsl.diagnostics import TdsError, error
+    done = pipeline.run(source, until="check", consts=consts)
+    tiles = [f.name for f in module.tds_FAMILIES if f.kind == "tile"]
+    need = {name: total if len(tiles) == 1 else int(compile_kernel(module, arch, only=name).metadata.shared)
+            for name in tiles}
+    worst = max(need, key=need.get) if need else None
+    family = done.schedule.families.get(worst)
+    product = family is not None and getattr(module.tds_FAMILIES[tiles.index(worst)], "matmul", False)
+    hint = ("smaller blocks: a smaller BK or BN (-D BK=64)" if product else
+            "smaller blocks, or split K: a block that reads a whole dimension (`A[i*BM : +BM, :]`) holds all of it "
+            "at once; loop over it in steps: `acc = 0`, `for k in cdiv(K, BK):`, "
+            "`acc = acc + A[i*BM : +BM, k*BK : +BK] @ B[k*BK : +BK, j*BN : +BN]`")
+    what = f"tile '{worst}' needs {need[worst]} bytes" if family is not None else f"the kernel needs {total} bytes"
+    span = family.span if family is not None else done.schedule.program.name.span
+    gpu = gpus.for_arch(arch)
+    return TdsError([error(f"{what} of shared memory on {arch}, more than the {gpu.shared_bytes} one block may use "
+                           f"on {gpu.name}: the kernel could not launch", span, hint)], done.path, done.source)

@@ -26,6 +26,9 @@ BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of
 BLOCK_FLAT_BYTES, BLOCK_FLAT_MOST = 32768, 16384
 
 
+BLOCK_HINT = "write the tile as a block: `tile t[...]:`, then a name a line (`a = A[...]`), and the store"
+
+
 class LoweringError(Exception):
     """The schedule is valid but uses something code generation does not support yet. The checker
     reports it at `span` (the family's, where the raise names none) with `hint` (codegen/emittable.py),
@@ -491,10 +494,13 @@ class _Tile:
             from tiledsl.codegen.device import route_body
             return route_body(self)
         if len({tuple(s.shape) for s in stores}) != 1:
-            raise LoweringError(f"tile '{self.family.name}': every store of a tile must have the same shape")
+            raise LoweringError(f"tile '{self.family.name}': every store of a tile must have the same shape",
+                                hint="one tile a shape: split the stores into tiles of their own")
         shape = stores[0].shape
-        if not 1 <= len(shape) <= 2:
-            raise LoweringError(f"tile '{self.family.name}': blocks of {len(shape)} dimensions are not supported")
+        if len(shape) > 2:  # (none: a tile of one element, its loads and store scalars)
+            raise LoweringError(f"tile '{self.family.name}': blocks of {len(shape)} dimensions are not supported",
+                                hint="keep at most two ranges in the target; take points (`X[b, i*BM : +BM, :]`) "
+                                     "in the others")
         self.axes = [self.axis(size, n) for n, size in enumerate(shape)]
         out: list[Statement] = []
         tma_target = None
@@ -622,7 +628,7 @@ class _Tile:
 
     def matmul(self, product: ir.MatMul, out: list) -> str:
         if self.product is not None:
-            raise LoweringError("a tile may hold one matrix product")
+            raise LoweringError("a tile may hold one matrix product", hint=BLOCK_HINT + ", which may hold several")
         left, right = product.left.region, product.right.region
         for region in (left, right):
             if region.owner is not None or region.rows is not None or not _points_then_block(region):
@@ -637,10 +643,12 @@ class _Tile:
         if not whole and (sympy.simplify(k_left.start - k_right.start) != 0 or
                           sympy.simplify(k_left.size - k_right.size) != 0):
             raise LoweringError(f"'@' contracts '{left.tensor}' and '{right.tensor}' over different ranges of K "
-                                "(a split of K must take the same range from both)")
+                                "(a split of K must take the same range from both)", product.left.region.span,
+                                "slice K the same way in both operands: `A[.., k0 : +n] @ B[k0 : +n, ..]`")
         (_, block_m), (_, block_n) = self.axes
         if not isinstance(block_m, int) or not isinstance(block_n, int):
-            raise LoweringError(f"tile '{self.family.name}': a product's block must be a const size (TMA)")
+            raise LoweringError(f"tile '{self.family.name}': a product's block must be a const size (TMA)",
+                                hint="give the target's ranges const sizes (`const BM = 128` and `+BM`)")
         block_k = "BK" if "BK" in self.consts else 64
         name = self.fresh("acc")
         self.product = Product(name, self.family.name, left.tensor, right.tensor, self.k(left.dims[-2].start),

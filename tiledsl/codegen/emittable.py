@@ -12,7 +12,7 @@ from tiledsl.schedule import ir
 
 # the plans of the last few (path, source, consts) checked: the same text always lowers to the same plan
 _PLANS: dict[tuple, KernelPlan] = {}
-_KEPT = 8
+_KEPT = 64
 
 
 def refusals(schedule: ir.Schedule, consts: dict | None = None, gpu=None) -> list[Diagnostic]:

@@ -126,6 +126,8 @@ def axes_of(family) -> list[tuple[str, str]]:
         return []
     count = places[0].axes
     out = []
+    if not count:  # a tile of one element: no axis
+        return out
     for n, name in enumerate(AXES[count]):
         blocks = {d.block for p in places for d in p.dims if d.axis == n}
         if not blocks:  # no load or store runs along it (a product's epilogue reads a bias row only)
