@@ -29,7 +29,8 @@ class Slot:
     waited_us: float = 0.0  # its waits were released (>= start)
     end_us: float = 0.0
     cause: int = PROGRAM_ORDER  # the producer whose signal released it last, or PROGRAM_ORDER
-    moved: tuple = ()
+    moved: tuple = ()           # (from rank, to rank, bytes) over links
+    ahead: int | None = None    # the slot before it on its lane
 
 
 @dataclass
@@ -132,6 +133,7 @@ def _run(done: meaning.Concrete, slots: list, queues: list[list[int]], waits, ra
     for queue in queues:
         for first, then in zip(queue, queue[1:]):
             before[then] = first
+            slots[then].ahead = first
             after[first].append(then)
             pending[then] += 1
     for position, found in enumerate(waits):
