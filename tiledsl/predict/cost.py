@@ -112,11 +112,13 @@ def duration_us(w: Work, engine: ir.EngineKind, running: int, rates: Rates, topo
     engine: `ops` stream operations)."""
     if engine is ir.EngineKind.COPY_ENGINE:
         t = rates.ce_op_us * ops
-        for src, dst, nbytes in w.moved:
+        if not w.moved:  # within the GPU: a read and a write of each byte copied
+            return t + w.local_bytes / 2 / 1e3 / rates.ce_local_gbps
+        for src, dst, nbytes in w.moved:  # across: the link's rate (the local end is the same bytes)
             same = topology.same_node(src, dst)
             t += nbytes / 1e3 / (rates.link_gbps if same else rates.ib_link_gbps)
             t += rates.nvlink_latency_us if same else rates.ib_latency_us
-        return t + w.local_bytes / 2 / 1e3 / rates.ce_local_gbps  # local: a read and a write per byte copied
+        return t
     running = max(1, running)
     hbm = min(rates.sm_hbm_gbps, rates.hbm_gbps / running)
     if w.flops:

@@ -65,7 +65,10 @@ def simulate(schedule: ir.Schedule, world: int, sizes: dict[str, int], rates: Ra
     waits: list[list[meaning.Wait]] = [[] for _ in done.instances]
     for wait in done.waits:
         waits[wait.consumer].append(wait)
-    waited_on = {e.producer for e in schedule.edges}
+    waiting_ranks: dict[int, set[int]] = {}  # producer -> the ranks that wait on it
+    for wait in done.waits:
+        for producer in wait.producers:
+            waiting_ranks.setdefault(producer, set()).add(done.instances[wait.consumer].rank)
     slots: list[Slot | None] = [None] * len(done.instances)
     queues: list[list[int]] = []
     lanes: dict[int, list[str]] = {}
@@ -75,8 +78,8 @@ def simulate(schedule: ir.Schedule, world: int, sizes: dict[str, int], rates: Ra
             queues.append(queue)
             for position in queue:
                 family = schedule.families[done.instances[position].family]
-                # the stream's operations for a copy: its wait, the copy, a signal to each rank
-                ops = 1 + bool(waits[position]) + (world if family.name in waited_on else 0)
+                # the stream's operations for a copy: its wait, the copy, a signal to each rank waiting on it
+                ops = 1 + bool(waits[position]) + len(waiting_ranks.get(position, ()))
                 duration = cost.duration_us(works[position], family.engine.kind, running[family.name],
                                             rates, topology, rank, ops)
                 slots[position] = Slot(position, rank, lane, family.engine.kind.value, duration,
