@@ -125,3 +125,13 @@ def test_predict_command_refuses_an_unknown_rate(capsys):
     code = cli.main(["predict", str(ROOT / "programs" / "copy.tds"), "--link", "warp_speed=9"])
     assert code == 2
     assert "no rate named 'warp_speed'" in capsys.readouterr().err
+
+
+def test_calibrate_recovers_the_tile_rates_that_made_the_times():
+    from tiledsl.predict.calibrate import BM, BN, fit_tile
+    fixed, rate, sms, call = 2.0, 4.0, 132, 10.0
+    rows = []
+    for M, K, N in [(8192, 1024, 11008), (8192, 4096, 2752), (8192, 8192, 14336), (4096, 2048, 512)]:
+        waves = -(-(-(-M // BM) * -(-N // BN)) // sms)
+        rows.append({"M": M, "K": K, "N": N, "tiledsl": (call + waves * (fixed + 2 * BM * BN * K / 1e6 / rate)) / 1e3})
+    assert fit_tile(rows, sms, call) == pytest.approx((fixed, rate))
