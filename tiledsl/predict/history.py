@@ -183,21 +183,41 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+GRAPHS = "321b374"  # from this commit on a call is replayed from a CUDA graph (a call's floor: call_us)
+
+
+def replayed(commit: str) -> bool:
+    """Whether `commit` replays calls from CUDA graphs (has GRAPHS in its history): the call's fixed cost
+    the rates assume. Before, a call went through the host's launch path at every call."""
+    found = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", GRAPHS, commit])
+    return found.returncode == 0
+
+
 def _summary(done: list[Row]) -> str:
     if not done:
         return "No row was predicted."
-    lines = ["| program | world | rows | within 15% | median abs. error | worst |", "|---|---|---|---|---|---|"]
+    lines = ["| program | world | calls from a CUDA graph | rows | within 15% | median abs. error | worst |",
+             "|---|---|---|---|---|---|---|"]
+    graphs = {c: replayed(c) for c in {r.commit for r in done}}
     groups: dict = {}
     for r in done:
-        groups.setdefault((r.program, r.world), []).append(r)
-    for (program, world), found in sorted(groups.items()):
-        errors = [abs(r.error) for r in found]
-        worst = max(found, key=lambda r: abs(r.error))
-        lines.append(f"| {program} | {world} | {len(found)} | {sum(e <= 0.15 for e in errors)} | "
-                     f"{statistics.median(errors):.0%} | {worst.error:+.0%} ({worst.case}) |")
-    errors = [abs(r.error) for r in done]
-    lines.append(f"| all | | {len(done)} | {sum(e <= 0.15 for e in errors)} | {statistics.median(errors):.0%} | |")
+        groups.setdefault((r.program, r.world, graphs[r.commit]), []).append(r)
+    for (program, world, graph), found in sorted(groups.items()):
+        lines.append(f"| {program} | {world} | {'yes' if graph else f'no (before {GRAPHS})'} | "
+                     + _counts(found) + f" | {_worst(found)} |")
+    lines.append("| all | | | " + _counts(done) + " | |")
+    lines.append("| all | | yes | " + _counts([r for r in done if graphs[r.commit]]) + " | |")
     return "\n".join(lines)
+
+
+def _counts(rows: list[Row]) -> str:
+    errors = [abs(r.error) for r in rows]
+    return f"{len(rows)} | {sum(e <= 0.15 for e in errors)} | {statistics.median(errors):.0%}"
+
+
+def _worst(rows: list[Row]) -> str:
+    worst = max(rows, key=lambda r: abs(r.error))
+    return f"{worst.error:+.0%} ({worst.case})"
 
 
 def main(argv: list[str] | None = None) -> int:
