@@ -135,3 +135,24 @@ def test_calibrate_recovers_the_tile_rates_that_made_the_times():
         waves = -(-(-(-M // BM) * -(-N // BN)) // sms)
         rows.append({"M": M, "K": K, "N": N, "tiledsl": (call + waves * (fixed + 2 * BM * BN * K / 1e6 / rate)) / 1e3})
     assert fit_tile(rows, sms, call) == pytest.approx((fixed, rate))
+
+
+SPLIT = """program halves
+param N
+in    X : bf16[N]
+out   Z : bf16[N]
+local Y : bf16[N]
+chunk a on sms(2) split 2: X -> Y
+chunk b on sms(1): Y -> Z
+b after a
+"""
+
+
+def test_split_chunk_runs_its_parts_on_programs_at_once_and_signals_when_both_are_done():
+    # a: 8000 bytes (read and write) in two parts of 4000 on two programs at 1 GB/s: both 0..4 us;
+    # b waits for both (+0.5) and moves 8000 bytes on one program: 4.5 + 8 = 12.5 (16.5 unsplit)
+    found = simulated(SPLIT, 2, {"N": 2000})
+    assert found.kernel_us == pytest.approx(12.5)
+    parts = [s for s in found.slots if s.rank == 0 and s.duration_us == pytest.approx(4.0)]
+    assert sorted(s.lane for s in parts) == ["program 0", "program 1"]
+    assert report.critical_path(found)[-1].via.startswith("wait on a[]@rank0")

@@ -26,6 +26,14 @@ class Work:
     operand_bytes: float = 0.0            # a product's operands read once (columns and rows of tiles shared)
 
 
+def scaled(w: Work, share: float) -> Work:
+    """A part of an instance's work (a `split` chunk's part)."""
+    if share == 1:
+        return w
+    return Work(w.flops * share, w.local_bytes * share, tuple((a, b, n * share) for a, b, n in w.moved),
+                w.operand_bytes * share)
+
+
 def _itemsize(schedule: ir.Schedule, tensor: str) -> int:
     return DTYPES[schedule.tensors[tensor].dtype].torch.itemsize
 

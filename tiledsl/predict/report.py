@@ -23,17 +23,19 @@ def critical_path(prediction: Prediction) -> list[Step]:
     """From the slot that ends last back to one that started at 0: each slot's cause in turn."""
     if not prediction.slots:
         return []
-    by_position = {s.position: s for s in prediction.slots}
     instances = prediction.concrete.instances
-    slot = max(prediction.slots, key=lambda s: (s.end_us, -s.position))
+    slot = max(prediction.slots, key=lambda s: (s.end_us, -s.node))
     path = []
     while slot is not None:
-        name = str(instances[slot.position])
+        if not slot.lane:  # a split instance's join: the path goes on through its last part
+            slot = prediction.node(slot.cause)
+            continue
+        name = str(instances[slot.position]) + (f" part {slot.part}" if slot.node >= len(instances) else "")
         if slot.cause == PROGRAM_ORDER:
             path.append(Step(slot, name, f"program order on {slot.lane}"))
-            slot = by_position[slot.ahead] if slot.ahead is not None and slot.start_us > 0 else None
+            slot = prediction.node(slot.ahead) if slot.ahead is not None and slot.start_us > 0 else None
         else:
-            producer = by_position[slot.cause]
+            producer = prediction.node(slot.cause)
             path.append(Step(slot, name, f"wait on {instances[slot.cause]} over {_link(prediction, producer, slot)}"))
             slot = producer
     return path[::-1]
@@ -83,7 +85,8 @@ def events(prediction: Prediction) -> list[Event]:
     for s in prediction.slots:
         instance = instances[s.position]
         family = prediction.schedule.families[instance.family]
-        number = s.position - prediction.concrete.ranges[instance.family][instance.rank].start
+        parts = family.parts(prediction.concrete.sizes)
+        number = (s.position - prediction.concrete.ranges[instance.family][instance.rank].start) * parts + s.part
         on_copy = s.lane.startswith("copy")
         program = -1 if on_copy else int(s.lane.split()[-1])
         out.append(Event(s.rank, instance.family, family.kind.value, s.engine, number, offset + s.start_us,
