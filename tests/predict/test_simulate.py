@@ -156,3 +156,22 @@ def test_split_chunk_runs_its_parts_on_programs_at_once_and_signals_when_both_ar
     parts = [s for s in found.slots if s.rank == 0 and s.duration_us == pytest.approx(4.0)]
     assert sorted(s.lane for s in parts) == ["program 0", "program 1"]
     assert report.critical_path(found)[-1].via.startswith("wait on a[]@rank0")
+
+
+def test_products_in_a_tile_block_count_their_flops_per_step():
+    # one instance, a loop of 3 steps each a [16, 32] @ [32, 8] product: 3 * 2*16*32*8 FLOPs
+    from tiledsl.predict import cost
+    source = """program steps
+param K
+in  A : bf16[16, 32]
+in  B : bf16[K, 32, 8]
+out C : bf16[16, 8]
+tile mm:
+    acc = 0
+    for t in K:
+        acc = acc + A[:, :] @ B[t, :, :]
+    C[:, :] = acc
+"""
+    schedule = pipeline.run(source, until="check").schedule
+    flops = cost._block_flops(schedule.families["mm"])
+    assert int(flops.subs({s: 3 for s in flops.free_symbols})) == 3 * 2 * 16 * 32 * 8

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import sympy
+
 from tiledsl.predict.rates import Rates
 from tiledsl.schedule import ir, meaning
 from tiledsl.tables import DTYPES
@@ -59,6 +61,58 @@ def _matmul_regions(family: ir.Family) -> list[tuple[ir.Region, ir.Region]]:
     return found
 
 
+def _block_flops(family: ir.Family):
+    """The FLOPs of the products in a tile written as a block (attention), an expression over sizes,
+    rank and indices: each product's 2*m*k*n, those in the loop times its extent (their shapes taken
+    at the loop's first step). None where the block has no product."""
+    shapes: dict[str, tuple] = {}
+
+    def shape(value) -> tuple:
+        if isinstance(value, ir.Load):
+            return value.region.shape
+        if isinstance(value, ir.Local):
+            return shapes.get(value.name, ())
+        if isinstance(value, ir.Transpose):
+            return tuple(reversed(shape(value.value)))
+        if isinstance(value, ir.MatMul):
+            return (shape(value.left)[-2], shape(value.right)[-1])
+        if isinstance(value, ir.Map):
+            return max((shape(a) for a in value.args), key=len, default=())
+        if isinstance(value, ir.Reduce):
+            return shape(value.body)
+        return ()
+
+    def flops(value):
+        if isinstance(value, ir.MatMul):
+            (m, k), n = shape(value.left)[-2:], shape(value.right)[-1]
+            return 2 * m * k * n + flops(value.left) + flops(value.right)
+        if isinstance(value, ir.Map):
+            return sum((flops(a) for a in value.args), sympy.Integer(0))
+        if isinstance(value, (ir.Reduce, ir.Transpose)):
+            return flops(value.body if isinstance(value, ir.Reduce) else value.value)
+        return sympy.Integer(0)
+
+    def walk(statements):
+        total = sympy.Integer(0)
+        for statement in statements:
+            if isinstance(statement, ir.Let):
+                total += flops(statement.value)
+                shapes[statement.name] = statement.shape
+            elif isinstance(statement, ir.Store):
+                total += flops(statement.value)
+            elif isinstance(statement, ir.Loop):
+                for carried in statement.carried:
+                    shapes[carried.name] = carried.shape
+                steps.append(statement.var)
+                total += statement.extent * walk(statement.body)
+        return total
+
+    steps: list = []
+    total = walk(family.body)
+    # sizes named in the block expanded, then the loop's variable at its first step
+    return None if total == 0 else family.expand(total).subs({v: 0 for v in steps})
+
+
 def _unclipped(access: meaning.Access, region: ir.Region) -> list[int]:
     """The sizes of the kept dimensions before clipping at the tensor's bounds (masked tiles compute
     their whole block)."""
@@ -74,6 +128,13 @@ def work(done: meaning.Concrete) -> list[Work]:
     products = {name: _matmul_regions(f) for name, f in schedule.families.items()
                 if f.kind is ir.Kind.TILE and meaning.is_product(f)}
     reuse = {name: _reuse(done, schedule.families[name]) for name in products}
+    blocks = {}  # tiles written as blocks with products: their FLOPs per instance, compiled
+    for name, f in schedule.families.items():
+        total = _block_flops(f) if f.kind is ir.Kind.TILE and f.body else None
+        symbols = (*meaning.size_symbols(schedule), ir.RANK, *(sym for sym, _ in f.indices))
+        if total is not None and total.free_symbols <= set(symbols):  # else: costed by its bytes alone
+            blocks[name] = meaning.compile_exprs((total,), symbols)
+    values = meaning.size_values(schedule, done.world, done.sizes, done.nodes)
     out = []
     for position, instance in enumerate(done.instances):
         local, moved, flops, operands = 0.0, [], 0.0, 0.0
@@ -98,7 +159,10 @@ def work(done: meaning.Concrete) -> list[Work]:
             flops += 2.0 * m * n * k
             columns, rows = reuse[instance.family]
             operands += lbytes / columns + rbytes / rows
-        out.append(Work(flops, local, tuple(moved), operands))
+        if instance.family in blocks:  # operands: every byte it moves (no reuse known)
+            (flops,) = blocks[instance.family](*values, instance.rank, *instance.index)
+            operands = local + sum(n for _, _, n in moved)
+        out.append(Work(float(max(0, flops)), local, tuple(moved), operands))
     return out
 
 
