@@ -5,8 +5,9 @@ and the rates, its time on the engine that runs it.
 A product tile costs `tile_fixed_us + FLOPs / sm_tflops`, or its operand bytes at its share of the
 memory where that is longer (skinny products: the right operand is read once, by the few tiles in
 its column). Any other tile or SM chunk streams its bytes at its share of the GPU's memory and of the
-links (the rank's link divided among the programs of its family that run at once),  A copy-engine chunk costs its stream operations and its bytes at the
-copy engine's rate."""
+links (the rank's link divided among the programs of its family that run at once). A copy-engine
+chunk costs its stream operations and its bytes at the link's rate (within the GPU, the copy
+engine's)."""
 from __future__ import annotations
 
 import math
