@@ -166,6 +166,32 @@ def cmd_trace(args) -> int:
     return _guarded(args.file, trace)
 
 
+def cmd_predict(args) -> int:
+    def predict() -> int:
+        from tiledsl.predict import load, predict as simulate, report
+        from tiledsl.predict.rates import parse_override
+        from tiledsl.runtime.run_program import launch_sizes
+        try:
+            rates = load(args.rates, dict(parse_override(t) for t in args.link))
+        except (ValueError, OSError) as why:
+            return _usage_error(str(why))
+        schedule = pipeline.run(Path(args.file), until="schedule").schedule
+        nodes = args.nodes or 1
+        consts = dict(args.define)
+        sizes = launch_sizes(schedule, args.world, dict(_assignment(s) for s in args.size), consts, nodes)
+        found = simulate(schedule, args.world, {**sizes, **consts}, rates, nodes)
+        print(report.text(found))
+        if args.output:
+            from tiledsl.runtime import timeline
+            _write(args.output, args.file, lambda: report.chrome_trace(found, f"{args.output}.json"))
+            timeline.draw(report.events(found), f"{args.output}.png")
+            print(f"{args.file}: wrote {args.output}.json (predicted; open at ui.perfetto.dev) and "
+                  f"{args.output}.png", file=sys.stderr)
+        return OK
+
+    return _guarded(args.file, predict)
+
+
 # ---- errors: diagnostics, missing parts, bugs ----------------------------------------------------
 
 def _guarded(path: str, action, *args) -> int:
@@ -337,6 +363,25 @@ def _parser() -> argparse.ArgumentParser:
                        help="a param size (repeatable)")
     trace.add_argument("--emulate", action="store_true", help="emulate even under torchrun")
     trace.set_defaults(handler=cmd_trace)
+
+    predict = commands.add_parser("predict", help="predict a call's time at any world from the schedule",
+                                  description="Simulate FILE's instances on WORLD ranks (SM programs, copy engine, "
+                                              "links) with one GPU's rates; print the predicted time, the critical "
+                                              "path and each rank's utilisation.")
+    predict.add_argument("file", metavar="FILE", help="a .tds program")
+    predict.add_argument("--world", type=_positive, default=2, metavar="N", help="ranks (default 2)")
+    predict.add_argument("--nodes", type=_positive, default=None, metavar="N", help="nodes the ranks span (default 1)")
+    predict.add_argument("--size", metavar="NAME=VALUE", type=_size, action="append", default=[],
+                         help="a param size (repeatable); the others get small defaults")
+    predict.add_argument("-D", dest="define", metavar="NAME=VALUE", type=_assignment, action="append", default=[],
+                         help="set a const or tunable size (repeatable)")
+    predict.add_argument("--rates", metavar="FILE.json", help="the GPU's rates (default: H200's, "
+                                                              "tiledsl/predict/h200.json)")
+    predict.add_argument("--link", metavar="NAME=VALUE", action="append", default=[],
+                         help="override one rate (repeatable): nvlink_gbps=900, ib_gbps=25, copy_engines=2, ...")
+    predict.add_argument("-o", "--output", metavar="OUT", help="also write OUT.json (Perfetto, marked predicted) "
+                                                               "and OUT.png")
+    predict.set_defaults(handler=cmd_predict)
     return parser
 
 
