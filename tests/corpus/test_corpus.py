@@ -1,0 +1,126 @@
+"""The corpus: programs written as users write them, from the README and the grammar, for the layers and
+collectives of public model code, each on emulated ranks at worlds 2 and 3 against its expectation in
+plain torch (expectations.py, written from what the program is for, not from its meaning), the same
+check as `tiledsl run FILE --expect tests/corpus/expectations.py`. A program that hits a compiler bug
+stays as written and is marked xfail (strict) with the bug; refused/ holds programs the checker must
+refuse, each with the positioned error it must give.
+
+All programs of one world run in one set of rank processes (run_together): starting ranks and
+importing Triton in them costs more than most of these programs take."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+EXPECTATIONS = HERE / "expectations.py"
+WORLDS = (2, 3)
+
+
+@dataclass(frozen=True)
+class Case:
+    sizes: dict                       # the params; a callable of the world where they depend on it
+    consts: dict = field(default_factory=dict)
+    bug: str | None = None            # a compiler bug this program hits: xfail(strict=True)
+
+    def params(self, world: int) -> dict:
+        return self.sizes(world) if callable(self.sizes) else dict(self.sizes)
+
+
+BROADCAST_EPILOGUE = "a product followed by a broadcast operand (A @ B + b[j*BN : +BN]) ends in an internal error"
+
+# Sizes no tile divides wherever the program allows it; K and N multiples of 8 under products (TMA's
+# 16-byte rows at bf16), rows a multiple of the world where the program splits them by rank.
+CORPUS = {
+    "swiglu": Case({"T": 37, "F": 100}),
+    "bias_gelu": Case({"M": 37, "K": 24, "N": 70}, bug=BROADCAST_EPILOGUE),
+    "reduce_to_root": Case({"N": 1001}),
+}
+
+# Programs the checker must refuse: (line, column, words of the message).
+REFUSED = {
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(request):
+    """(name, world) -> verdicts or the exception the run failed with; the first test of a world runs
+    every selected program of that world (each known bug alone, so that it cannot stop the others)."""
+    from tiledsl import pipeline
+    from tiledsl.runtime.expect import load_expectation
+    from tiledsl.runtime.run_program import EmulatedRun, run_together
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: a second thread only adds waiting on busy cores
+    done: dict = {}
+
+    def prepare(name: str, world: int):
+        case, source = CORPUS[name], os.fspath(HERE / f"{name}.tds")
+        try:
+            pipeline.run(source, until="module", consts=case.consts)  # a build failure, before any rank starts
+            return EmulatedRun.prepare(source, world, case.params(world), seed=world, consts=case.consts,
+                                       expect=load_expectation(os.fspath(EXPECTATIONS), name))
+        except Exception as failure:  # noqa: BLE001 - reported by the test of this program
+            return failure
+
+    def result(name: str, world: int):
+        if (name, world) not in done:
+            selected = sorted({(item.callspec.params["name"], item.callspec.params["world"])
+                               for item in request.session.items
+                               if getattr(item, "originalname", None) == "test_program_means_what_its_author_meant"})
+            pending = [n for n, w in selected if w == world and (n, w) not in done]
+            prepared = {n: prepare(n, world) for n in pending}
+            failed = {n: p for n, p in prepared.items() if isinstance(p, Exception)}
+            sound = [n for n in pending if n not in failed and CORPUS[n].bug is None]
+            alone = [n for n in pending if n not in failed and CORPUS[n].bug is not None]
+            done.update({(n, world): p for n, p in failed.items()})
+            for names in [sound] + [[n] for n in alone]:
+                found = run_together([prepared[n] for n in names])
+                done.update({(n, world): f for n, f in zip(names, found, strict=True)})
+        return done[name, world]
+
+    yield result
+    torch.set_num_threads(threads)
+
+
+CASES = [pytest.param(name, world, id=f"{name}-world{world}",
+                      marks=[pytest.mark.xfail(strict=True, reason=case.bug)] if case.bug else [])
+         for name, case in CORPUS.items() for world in WORLDS]
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("name, world", CASES)
+def test_program_means_what_its_author_meant(corpus, name, world):
+    found = corpus(name, world)
+    if isinstance(found, Exception):
+        raise AssertionError(f"{name} at world {world}: {type(found).__name__}: {found}")
+    lines = [f"{name}: {verdict.line()}" for verdict in found]
+    assert found and all(verdict.ok for verdict in found), "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_program_is_refused_with_a_positioned_error(name):
+    from tiledsl import pipeline
+    from tiledsl.diagnostics import TdsError
+    line, column, words = REFUSED[name]
+    path = HERE / "refused" / f"{name}.tds"
+    with pytest.raises(TdsError) as refused:
+        pipeline.run(path, until="check")
+    text = refused.value.render()
+    assert f"{path.name}:{line}:{column}: error:" in text, text
+    for word in words:
+        assert word in text, text
+
+
+def test_every_corpus_program_has_a_case_and_an_expectation():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("corpus_expectations", EXPECTATIONS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    programs = {p.stem for p in HERE.glob("*.tds")}
+    assert programs == set(CORPUS)
+    assert all(callable(getattr(module, name, None)) for name in programs)
+    assert {p.stem for p in (HERE / "refused").glob("*.tds")} == set(REFUSED)
