@@ -31,7 +31,102 @@ def bias_gelu(inputs, world, sizes):
     return {"H": [F.gelu(F.linear(x, w.T, b)) for x, w, b in zip(inputs["X"], inputs["W"], inputs["b"])]}
 
 
+def residual_add(inputs, world, sizes):
+    return {"R": [x + r for x, r in zip(inputs["X"], inputs["R"])]}
+
+
+def rmsnorm(inputs, world, sizes):
+    return {"Y": [F.rms_norm(x, (x.shape[-1],), w, eps=1e-5) for x, w in zip(inputs["X"], inputs["W"])]}
+
+
+def layernorm(inputs, world, sizes):
+    return {"Y": [F.layer_norm(x, (x.shape[-1],), g, b, eps=1e-5)
+                  for x, g, b in zip(inputs["X"], inputs["gamma"], inputs["beta"])]}
+
+
+def softmax_rows(inputs, world, sizes):
+    return {"Y": [torch.softmax(x, dim=-1) for x in inputs["X"]]}
+
+
+def gelu_tanh(inputs, world, sizes):
+    return {"Y": [F.gelu(x + b, approximate="tanh") for x, b in zip(inputs["X"], inputs["b"])]}
+
+
+def bias_gelu_ew(inputs, world, sizes):
+    return {"Y": [F.gelu(x + b) for x, b in zip(inputs["X"], inputs["b"])]}
+
+
+def softcap(inputs, world, sizes):
+    return {"Y": [30.0 * torch.tanh(x / 30.0) for x in inputs["X"]]}
+
+
+def rotary(inputs, world, sizes):
+    out = []
+    for x, cos, sin in zip(inputs["X"], inputs["Cos"], inputs["Sin"]):
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)       # rotate_half, as in transformers' LLaMA
+        out.append(x * torch.cat([cos, cos], -1) + rotated * torch.cat([sin, sin], -1))
+    return {"Y": out}
+
+
+def add_rmsnorm(inputs, world, sizes):
+    hidden = [x + r for x, r in zip(inputs["X"], inputs["R"])]
+    return {"H": hidden, "Y": [F.rms_norm(h, (h.shape[-1],), w, eps=1e-6) for h, w in zip(hidden, inputs["W"])]}
+
+
+def residual_3d(inputs, world, sizes):
+    return {"Y": [x + g * f for x, f, g in zip(inputs["X"], inputs["Fx"], inputs["g"])]}
+
+
 # ---- root collectives -----------------------------------------------------------------------------
 
 def reduce_to_root(inputs, world, sizes):
     return {"Y": [sum(inputs["X"])] + [None] * (world - 1)}
+
+
+def broadcast_root(inputs, world, sizes):
+    return {"Y": _every(inputs["X"][0], world)}
+
+
+def gather_root(inputs, world, sizes):
+    return {"Y": [torch.cat(inputs["X"])] + [None] * (world - 1)}
+
+
+def max_root(inputs, world, sizes):
+    top = torch.stack(inputs["X"]).amax(dim=0)
+    return {"Y": [None, top] + [None] * (world - 2)}
+
+
+def allreduce_f16(inputs, world, sizes):
+    return {"G": _every(sum(inputs["G"]) / world, world)}
+
+
+def sgd_allreduce(inputs, world, sizes):
+    mean = sum(inputs["G"]) / world
+    return {"P": [p - 0.01 * mean for p in inputs["P"]]}
+
+
+# ---- rings and chains -----------------------------------------------------------------------------
+
+def ring_allgather_tiles(inputs, world, sizes):
+    return {"Y": _every(torch.cat(inputs["X"]), world)}
+
+
+def ring_reduce_scatter_f32(inputs, world, sizes):
+    return {"Y": _rows(sum(inputs["X"]), world)}
+
+
+def chain_broadcast_f16(inputs, world, sizes):
+    return {"W": _every(inputs["W"][0], world)}
+
+
+# ---- sequence and head parallelism ----------------------------------------------------------------
+
+def allgather_seq_3d(inputs, world, sizes):
+    return {"Y": _every(torch.cat(inputs["X"], dim=1), world)}
+
+
+def alltoall_heads(inputs, world, sizes):
+    """Every rank's tokens of its own heads: the whole sequence, split by heads."""
+    full = torch.cat(inputs["X"], dim=0)            # [S, H, D]
+    return {"Y": _rows(full, world, dim=1)}

@@ -39,10 +39,32 @@ CORPUS = {
     "swiglu": Case({"T": 37, "F": 100}),
     "bias_gelu": Case({"M": 37, "K": 24, "N": 70}, bug=BROADCAST_EPILOGUE),
     "reduce_to_root": Case({"N": 1001}),
+    "residual_add": Case({"T": 13, "D": 100}),
+    "rmsnorm": Case({"T": 7, "D": 96}),
+    "layernorm": Case({"T": 7, "D": 80}),
+    "softmax_rows": Case({"T": 9, "N": 50}),
+    "gelu_tanh": Case({"T": 11, "F": 70}),
+    "bias_gelu_ew": Case({"T": 11, "F": 200}),
+    "softcap": Case({"T": 5, "V": 300}),
+    "rotary": Case({"T": 11, "D": 32}),
+    "add_rmsnorm": Case({"T": 5, "D": 64}, bug="rmsnorm of a local name (h = X + R; rmsnorm(h, W)) emits `/ None` for the row length"),
+    "residual_3d": Case({"B": 2, "S": 9, "D": 40}),
+    "broadcast_root": Case({"N": 700}),
+    "gather_root": Case(lambda w: {"M": 7 * w, "N": 45}),
+    "max_root": Case({"N": 300}),
+    "allreduce_f16": Case({"N": 1500}),
+    "sgd_allreduce": Case({"N": 1000}),
+    "ring_allgather_tiles": Case(lambda w: {"M": 32 * w, "N": 70}),
+    "ring_reduce_scatter_f32": Case(lambda w: {"M": 13 * w, "N": 100}),
+    "chain_broadcast_f16": Case({"N": 1000}),
+    "allgather_seq_3d": Case(lambda w: {"B": 2, "S": 5 * w, "D": 24}),
+    "alltoall_heads": Case(lambda w: {"S": 3 * w, "H": 2 * w, "D": 8}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
 REFUSED = {
+    # the ring all-gather without `require Ms % BM == 0`: a rank's last tile of rows spills into the next block
+    "ring_tile_spills": (20, 9, ["race", "'fwd'", "R"]),
 }
 
 
