@@ -130,3 +130,52 @@ def alltoall_heads(inputs, world, sizes):
     """Every rank's tokens of its own heads: the whole sequence, split by heads."""
     full = torch.cat(inputs["X"], dim=0)            # [S, H, D]
     return {"Y": _rows(full, world, dim=1)}
+
+
+# ---- tensor-parallel linear layers ----------------------------------------------------------------
+
+def column_linear_ag(inputs, world, sizes):
+    x = torch.cat(inputs["X"])
+    return {"Y": [x @ w for w in inputs["W"]]}
+
+
+def row_linear_rs(inputs, world, sizes):
+    total = sum(x @ w for x, w in zip(inputs["X"], inputs["W"]))
+    return {"Y": _rows(total, world)}
+
+
+def row_linear_ar_bias(inputs, world, sizes):
+    total = sum(x @ w for x, w in zip(inputs["X"], inputs["W"]))
+    return {"Y": [total + b for b in inputs["b"]]}
+
+
+def mlp_swiglu_tp(inputs, world, sizes):
+    total = sum((F.silu(x @ wg) * (x @ wu)) @ wd
+                for x, wg, wu, wd in zip(inputs["X"], inputs["Wg"], inputs["Wu"], inputs["Wd"]))
+    return {"Y": _every(total, world)}
+
+
+def ag_gelu_linear(inputs, world, sizes):
+    x = torch.cat(inputs["X"])
+    return {"H": [F.gelu(x @ w) for w in inputs["W"]]}
+
+
+def linear_residual(inputs, world, sizes):
+    return {"Y": [x @ w + r for x, w, r in zip(inputs["X"], inputs["W"], inputs["R"])]}
+
+
+# ---- vocab-parallel pieces: logits split along the vocabulary, [T, V / world] a rank ---------------
+
+def vocab_max(inputs, world, sizes):
+    logits = torch.cat(inputs["L"], dim=-1)
+    return {"Mx": _every(logits.amax(dim=-1, keepdim=True), world)}
+
+
+def vocab_logsumexp(inputs, world, sizes):
+    logits = torch.cat(inputs["L"], dim=-1)
+    return {"Lse": _every(torch.logsumexp(logits, dim=-1, keepdim=True), world)}
+
+
+def vocab_softmax(inputs, world, sizes):
+    probs = torch.softmax(torch.cat(inputs["L"], dim=-1), dim=-1)
+    return {"P": list(probs.chunk(world, dim=-1))}

@@ -59,6 +59,15 @@ CORPUS = {
     "chain_broadcast_f16": Case({"N": 1000}),
     "allgather_seq_3d": Case(lambda w: {"B": 2, "S": 5 * w, "D": 24}),
     "alltoall_heads": Case(lambda w: {"S": 3 * w, "H": 2 * w, "D": 8}),
+    "column_linear_ag": Case(lambda w: {"M": 16 * w, "K": 24, "N": 40}),
+    "row_linear_rs": Case(lambda w: {"M": 16 * w, "K": 24, "N": 40}),
+    "row_linear_ar_bias": Case({"M": 20, "K": 24, "N": 40}),
+    "mlp_swiglu_tp": Case({"T": 20, "D": 40, "F": 48}),
+    "ag_gelu_linear": Case(lambda w: {"M": 16 * w, "K": 24, "N": 40}),
+    "linear_residual": Case({"M": 20, "K": 24, "N": 40}),
+    "vocab_max": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_logsumexp": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_softmax": Case(lambda w: {"T": 7, "V": 25 * w}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
