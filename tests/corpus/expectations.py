@@ -179,3 +179,68 @@ def vocab_logsumexp(inputs, world, sizes):
 def vocab_softmax(inputs, world, sizes):
     probs = torch.softmax(torch.cat(inputs["L"], dim=-1), dim=-1)
     return {"P": list(probs.chunk(world, dim=-1))}
+
+
+# ---- attention ------------------------------------------------------------------------------------
+
+def attention_scores(inputs, world, sizes):
+    d = sizes["D"]
+    return {"P": [torch.softmax(q @ k.T / d ** 0.5, dim=-1) for q, k in zip(inputs["Q"], inputs["K"])]}
+
+
+def attention_online(inputs, world, sizes):
+    return {"O": [F.scaled_dot_product_attention(q, k, v) for q, k, v in zip(inputs["Q"], inputs["K"], inputs["V"])]}
+
+
+def attention_causal(inputs, world, sizes):
+    return {"O": [F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                  for q, k, v in zip(inputs["Q"], inputs["K"], inputs["V"])]}
+
+
+def attention_merge(inputs, world, sizes):
+    lse = torch.stack(inputs["Lp"])                 # [world, T, 1]
+    weights = torch.softmax(lse, dim=0)             # exp(L_s - logsumexp_s L_s)
+    merged = (weights * torch.stack(inputs["Op"])).sum(dim=0)
+    return {"O": _every(merged, world)}
+
+
+def allreduce_layernorm(inputs, world, sizes):
+    total = sum(inputs["X"])
+    hidden = [total + r for r in inputs["R"]]
+    normed = [F.layer_norm(h, (h.shape[-1],), g, b, eps=1e-5)
+              for h, g, b in zip(hidden, inputs["gamma"], inputs["beta"])]
+    return {"H": hidden, "Y": normed}
+
+
+def qk_norm(inputs, world, sizes):
+    return {"Y": [F.rms_norm(x, (x.shape[-1],), w, eps=1e-6) for x, w in zip(inputs["X"], inputs["W"])]}
+
+
+# ---- embeddings, heads, casts ---------------------------------------------------------------------
+
+def embedding(inputs, world, sizes):
+    return {"Y": [F.embedding(ids.long(), e) * sizes["D"] ** 0.5 for ids, e in zip(inputs["ids"], inputs["E"])]}
+
+
+def lm_head_gather(inputs, world, sizes):
+    """gather_output: the logits of every rank's vocabulary shard, side by side."""
+    logits = [x @ w for x, w in zip(inputs["X"], inputs["W"])]
+    return {"Y": _every(torch.cat(logits, dim=-1), world)}
+
+
+def cast_scale(inputs, world, sizes):
+    return {"Y": [(x * s).to(torch.bfloat16).double() for x, s in zip(inputs["X"], inputs["s"])]}
+
+
+# ---- more collectives -----------------------------------------------------------------------------
+
+def reduce_scatter_seq_3d(inputs, world, sizes):
+    return {"Y": _rows(sum(inputs["X"]), world, dim=1)}
+
+
+def broadcast_last(inputs, world, sizes):
+    return {"Y": _every(inputs["X"][-1], world)}
+
+
+def mean_root_3d(inputs, world, sizes):
+    return {"Y": [sum(inputs["X"]) / world] + [None] * (world - 1)}

@@ -98,11 +98,11 @@ def random_ids(shape, bound: int, generator) -> torch.Tensor:
 
 
 def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: list[list[dict]], dtype_map: dict,
-                   timeout_s: float):
+                   timeout_s: float, built: str | None = None):
     """One emulated rank: compile in the interpreter, then one call per input set, each on fresh inputs
     copied into the same tensors (so later calls take the prepared path) with poisoned outputs;
     returns every call's outputs."""
-    outputs = _emulated_calls(heap, source, consts, shapes, calls, dtype_map, timeout_s)
+    outputs = _emulated_calls(heap, source, consts, shapes, calls, dtype_map, timeout_s, built)
     heap.close()
     return outputs
 
@@ -115,11 +115,14 @@ def _emulated_ranks(heap, jobs: list[tuple]):
 
 
 def _emulated_calls(heap, source: str, consts: dict, shapes: list[dict], calls: list[list[dict]], dtype_map: dict,
-                    timeout_s: float):
+                    timeout_s: float, built: str | None = None):
+    """`_emulated_rank`'s work; `built`: the path of the module the parent built (api.build_module)."""
     import tiledsl
+    from tiledsl.api import load_built
     override = {k: getattr(torch, v) for k, v in dtype_map.items()}
-    program = tiledsl.compile(source, heap, emulated=True, dtype_override=override, wait_timeout_s=timeout_s,
-                              **consts)
+    options = {"emulated": True, "dtype_override": override, "wait_timeout_s": timeout_s}
+    program = load_built(built).tds_load(heap=heap, **options) if built else \
+        tiledsl.compile(source, heap, **options, **consts)
     shapes = shapes[heap.rank]
     args = {spec.name: torch.empty(shapes[spec.name], dtype=override.get(spec.dtype, getattr(torch, spec.dtype)))
             for spec in program.callers}
@@ -199,6 +202,7 @@ class EmulatedRun:
     expected: list        # the same indices; a value None: this rank's copy is not written
     shapes: list          # [rank] -> {tensor: shape}
     against: str          # what the outputs are compared with, for the verdict line
+    built: str            # the generated module's path (api.build_module), which every rank imports
 
     @classmethod
     def prepare(cls, source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
@@ -222,12 +226,14 @@ class EmulatedRun:
             from tiledsl.runtime.expect import expected_outputs
             expected = [expected_outputs(expect, schedule, each, world, sizes, shapes) for each in inputs]
             against = f"; against {expect.where}"
+        from tiledsl.api import build_module
+        built = build_module(source, consts).__file__  # once here, not once a rank; a build error before any rank
         return cls(os.fspath(source), schedule, world, nodes, sizes, consts, calls, timeout_s, inputs, expected,
-                   shapes, against)
+                   shapes, against, built)
 
     def job(self) -> tuple:
         """`_emulated_calls`'s arguments after the heap."""
-        return self.source, self.consts, self.shapes, self.inputs, EMULATED_DTYPES, self.timeout_s
+        return self.source, self.consts, self.shapes, self.inputs, EMULATED_DTYPES, self.timeout_s, self.built
 
     def verdicts(self, results: list) -> list[Verdict]:
         """Every output's verdict from every rank's results (`results[rank][call][tensor]`)."""
