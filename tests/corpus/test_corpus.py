@@ -87,6 +87,10 @@ CORPUS = {
 REFUSED = {
     # the ring all-gather without `require Ms % BM == 0`: a rank's last tile of rows spills into the next block
     "ring_tile_spills": (20, 9, ["race", "'fwd'", "R"]),
+    # every rank sends only after receiving from the one before it: a cycle around the ring
+    "halo_deadlock": (13, 15, ["deadlock", "cycle", "send[0]@rank0", "recv[0]@rank1"]),
+    # a peer's staging buffer read with no edge to the tile that writes it
+    "stage_race": (11, 70, ["race", "'take'", "'stage'", "S"]),
 }
 
 
