@@ -244,3 +244,27 @@ def broadcast_last(inputs, world, sizes):
 
 def mean_root_3d(inputs, world, sizes):
     return {"Y": [sum(inputs["X"]) / world] + [None] * (world - 1)}
+
+
+def attention_online_d16(inputs, world, sizes):
+    return attention_online(inputs, world, sizes)
+
+
+def attention_causal_d16(inputs, world, sizes):
+    return attention_causal(inputs, world, sizes)
+
+
+def glu_halves(inputs, world, sizes):
+    return {"Y": [F.glu(x, dim=-1) for x in inputs["X"]]}
+
+
+def relu_squared(inputs, world, sizes):
+    return {"Y": [torch.relu(x) ** 2 for x in inputs["X"]]}
+
+
+def allgather_nvshmem(inputs, world, sizes):
+    return {"Y": _every(torch.cat(inputs["X"]), world)}
+
+
+def dequant_linear(inputs, world, sizes):
+    return {"Y": [(x @ w) * s for x, w, s in zip(inputs["X"], inputs["W"], inputs["s"])]}

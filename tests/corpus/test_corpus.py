@@ -31,6 +31,7 @@ class Case:
         return self.sizes(world) if callable(self.sizes) else dict(self.sizes)
 
 
+SQRT_OF_PARAM = "sqrt(D) of a param D in a block tile ends in an interpreter error (tl.sqrt of int32)"
 BROADCAST_EPILOGUE = "a product followed by a broadcast operand (A @ B + b[j*BN : +BN]) ends in an internal error"
 
 # Sizes no tile divides wherever the program allows it; K and N multiples of 8 under products (TMA's
@@ -69,18 +70,28 @@ CORPUS = {
     "vocab_max": Case(lambda w: {"T": 7, "V": 25 * w}),
     "vocab_logsumexp": Case(lambda w: {"T": 7, "V": 25 * w}),
     "vocab_softmax": Case(lambda w: {"T": 7, "V": 25 * w}),
-    "attention_scores": Case({"S": 20, "D": 16}),
-    "attention_online": Case({"S": 40, "D": 16}),
-    "attention_causal": Case({"S": 40, "D": 16}),
+    "attention_scores": Case({"S": 20, "D": 16}, bug=SQRT_OF_PARAM),
+    "attention_online": Case({"S": 40, "D": 16}, bug=SQRT_OF_PARAM),
+    "attention_online_d16": Case({"S": 40}),
+    "attention_causal": Case({"S": 40, "D": 16}, bug=SQRT_OF_PARAM),
+    "attention_causal_d16": Case({"S": 40}),
     "attention_merge": Case({"T": 10, "D": 24}),
     "allreduce_layernorm": Case({"T": 5, "D": 48}),
     "qk_norm": Case({"T": 3, "H": 5, "D": 16}),
-    "embedding": Case({"T": 6, "V": 11, "D": 40}),
-    "lm_head_gather": Case(lambda w: {"T": 20, "D": 24, "V": 40 * w}),
+    "embedding": Case({"T": 6, "V": 11, "D": 40}, bug="a row lookup E[ids[t], :] ends in an interpreter error "
+                                                     "(mask has unsupported dtype)"),
+    "lm_head_gather": Case(lambda w: {"T": 20, "D": 24, "V": 40 * w},
+                           bug="check accepts a copy-engine chunk waiting on a peer's whole tile family "
+                               "(gather[s] after mm[*, *] @ s); build: LoweringError"),
     "cast_scale": Case({"T": 11, "D": 100}),
     "reduce_scatter_seq_3d": Case(lambda w: {"B": 2, "S": 5 * w, "D": 40}),
-    "broadcast_last": Case({"M": 9, "N": 33}),
+    "broadcast_last": Case({"M": 9, "N": 33}, bug="a copy-engine chunk with no index list builds to invalid "
+                                                   "Python (SyntaxError)"),
     "mean_root_3d": Case({"B": 2, "H": 5, "W": 12}),
+    "glu_halves": Case({"T": 11, "F": 24}),
+    "relu_squared": Case({"N": 1500}),
+    "allgather_nvshmem": Case(lambda w: {"M": 7 * w, "N": 33}),
+    "dequant_linear": Case({"M": 20, "K": 24, "N": 40}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
