@@ -32,7 +32,8 @@ class Case:
 
 
 SQRT_OF_PARAM = "sqrt(D) of a param D in a block tile ends in an interpreter error (tl.sqrt of int32)"
-BROADCAST_EPILOGUE = "a product followed by a broadcast operand (A @ B + b[j*BN : +BN]) ends in an internal error"
+BROADCAST_EPILOGUE = ("a product followed by a broadcast operand (A @ B + b[j*BN : +BN], (A @ B) * s[i*BM : +BM, :]) "
+                      "ends in an internal error")
 
 # Sizes no tile divides wherever the program allows it; K and N multiples of 8 under products (TMA's
 # 16-byte rows at bf16), rows a multiple of the world where the program splits them by rank.
@@ -91,7 +92,7 @@ CORPUS = {
     "glu_halves": Case({"T": 11, "F": 24}),
     "relu_squared": Case({"N": 1500}),
     "allgather_nvshmem": Case(lambda w: {"M": 7 * w, "N": 33}),
-    "dequant_linear": Case({"M": 20, "K": 24, "N": 40}),
+    "dequant_linear": Case({"M": 20, "K": 24, "N": 40}, bug=BROADCAST_EPILOGUE),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
