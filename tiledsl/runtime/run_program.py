@@ -132,7 +132,7 @@ def _emulated_calls(heap, source: str, consts: dict, shapes: list[dict], calls: 
             if spec.role == "out":
                 args[spec.name].fill_(poison(args[spec.name].dtype))  # an element never written shows up
             else:
-                args[spec.name].copy_(inputs[heap.rank][spec.name])
+                args[spec.name].copy_(torch.as_tensor(inputs[heap.rank][spec.name]))
         program(**args)
         # numpy arrays travel back by value; torch tensors would be shared through this process's fds
         outputs.append({s.name: as_numpy(args[s.name]) for s in program.callers if s.role in ("out", "inout")})
@@ -140,8 +140,8 @@ def _emulated_calls(heap, source: str, consts: dict, shapes: list[dict], calls: 
 
 
 def as_numpy(tensor: torch.Tensor):
-    """A copy as a numpy array; fp8, which numpy lacks, as the float32 values it holds (exactly)."""
-    if tensor.is_floating_point() and tensor.element_size() == 1:
+    """A copy as a numpy array; fp8 and bf16, which numpy lacks, as the float32 values they hold (exactly)."""
+    if tensor.is_floating_point() and (tensor.element_size() == 1 or tensor.dtype == torch.bfloat16):
         tensor = tensor.float()
     return tensor.numpy().copy()
 
@@ -233,7 +233,10 @@ class EmulatedRun:
 
     def job(self) -> tuple:
         """`_emulated_calls`'s arguments after the heap."""
-        return self.source, self.consts, self.shapes, self.inputs, EMULATED_DTYPES, self.timeout_s, self.built
+        # inputs as numpy, by value: a torch tensor takes a file descriptor to the ranks, and the
+        # forkserver passes fewer than 256 (run_together sends every program of a world at once)
+        inputs = [[{n: as_numpy(t) for n, t in mine.items()} for mine in call] for call in self.inputs]
+        return self.source, self.consts, self.shapes, inputs, EMULATED_DTYPES, self.timeout_s, self.built
 
     def verdicts(self, results: list) -> list[Verdict]:
         """Every output's verdict from every rank's results (`results[rank][call][tensor]`)."""
