@@ -321,3 +321,43 @@ def test_an_unknown_dtype_is_the_only_error_not_the_uses_of_its_tensor(capsys, t
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert errors == [f"{path}:5:9: error: unknown dtype 'bf17'"]
     assert "hint: did you mean 'bf16'?" in err
+
+
+REDUCE_TO_ROOT = str(ROOT / "tests" / "corpus" / "reduce_to_root.tds")
+
+
+@pytest.mark.emulated
+def test_run_expect_catches_a_program_that_means_something_else_than_its_author(capsys, tmp_path):
+    """The program sums onto rank 0; an author who meant the mean sees a MISMATCH, where the reference
+    (the program's own meaning) agrees with the program; an expectation of the sum passes."""
+    meant = tmp_path / "mean.py"
+    meant.write_text("def expect(inputs, world, sizes):\n"
+                     "    return {'Y': [sum(inputs['X']) / world] + [None] * (world - 1)}\n")
+    code, out, _ = run_cli(capsys, "run", REDUCE_TO_ROOT, "--size", "N=300", "--expect", str(meant))
+    assert code == 1 and "Y: MISMATCH" in out and "against mean.py:expect" in out
+    summed = tmp_path / "sum.py"
+    summed.write_text("def reduce_to_root(inputs, world, sizes):\n"   # named as the program: found first
+                      "    return {'Y': [sum(inputs['X'])] + [None] * (world - 1)}\n"
+                      "def expect(inputs, world, sizes):\n    raise AssertionError('not this one')\n")
+    code, out, _ = run_cli(capsys, "run", REDUCE_TO_ROOT, "--size", "N=300", "--expect", str(summed))
+    assert code == 0 and "Y: ok" in out and "against sum.py:reduce_to_root" in out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("def expect(inputs, world, sizes):\n    return {'Z': []}\n", "returned ['Z']; the program's out and inout tensors are Y"),
+    ("def expect(inputs, world, sizes):\n    return {'Y': [inputs['X'][0][:3]] * world}\n", "Y on rank 0 has shape [3]"),
+    ("def expect(inputs, world, sizes):\n    return {'Y': [inputs['X'][0]]}\n", "Y must be a list of 2 tensors"),
+    ("def expect(inputs, world, sizes):\n    return {'Y': 1 / 0}\n", "raised ZeroDivisionError"),
+    ("def other(inputs, world, sizes):\n    pass\n", "defines neither `reduce_to_root` nor `expect`"),
+    ("syntax error(\n", "failed to load: SyntaxError"),
+])
+def test_run_expect_reports_a_bad_expectation_in_one_line_before_any_rank_runs(capsys, tmp_path, text, message):
+    path = tmp_path / "bad.py"
+    path.write_text(text)
+    code, _, err = run_cli(capsys, "run", REDUCE_TO_ROOT, "--size", "N=300", "--expect", str(path))
+    assert code == 1 and message in err, err
+
+
+def test_run_help_documents_the_expect_interface(capsys):
+    code, out, _ = run_cli(capsys, "run", "--help")
+    assert code == 0 and "--expect EXPECT.py" in out and "def expect(inputs, world, sizes):" in out

@@ -30,6 +30,16 @@ def build_module(source, consts: dict | None = None):
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
+    return load_built(path)
+
+
+def load_built(path):
+    """Import a module that `build_module` wrote, by its path: emulated ranks load what their parent
+    built instead of each running the pipeline again."""
+    path = Path(path)
+    name = path.stem
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -298,6 +298,23 @@ def _positive(text: str) -> int:
     return value
 
 
+EXPECT_HELP = """\
+--expect EXPECT.py: the reference computes what the program says; an expectation computes what you
+mean it to, in plain torch, so that a program saying something else is caught. EXPECT.py defines a
+function named as the program (`program NAME`), or else `expect`:
+
+  def expect(inputs, world, sizes):
+      # inputs: {tensor: [rank 0's, rank 1's, ...]} for each in and inout tensor, float64 copies
+      # world: the number of ranks; sizes: the params, {"M": 96, "N": 45}
+      # returns {tensor: [rank 0's, ...]} for each out and inout tensor, None for a rank's copy
+      # that must stay as the caller passed it (a reduce to a root: the other ranks)
+      return {"Y": [torch.cat(inputs["X"]) for _ in range(world)]}    # an all-gather
+
+Every call (two, on fresh inputs) is compared, within the output dtype's tolerance.
+Example: tiledsl run tests/corpus/swiglu.tds --expect tests/corpus/expectations.py --world 3
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tiledsl", description="Compile .tds programs into distributed GPU kernels that overlap "
@@ -337,7 +354,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run programs on GPUs, or emulated on the CPU",
                               description="Run each FILE on random inputs and compare every output with the torch "
-                                          "reference of the program.")
+                                          "reference of the program, or with what EXPECT.py computes.",
+                              epilog=EXPECT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("files", metavar="FILE", nargs="+", help="a .tds program")
     run.add_argument("--world", type=_positive, default=2, metavar="N",
                      help="number of emulated ranks (default 2; under torchrun, its WORLD_SIZE)")
@@ -348,6 +366,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="a param size (repeatable); the others get small defaults")
     run.add_argument("--emulate", action="store_true", help="run the ranks in Triton's interpreter on the CPU")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--expect", metavar="EXPECT.py", help="compare with what this file's function computes "
+                                                            "instead of the reference (emulated; see below)")
     run.set_defaults(handler=cmd_run)
 
     trace = commands.add_parser("trace", help="record every rank's timeline of a call",

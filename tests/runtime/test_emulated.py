@@ -399,9 +399,11 @@ def test_every_call_runs_on_fresh_inputs_and_is_checked(monkeypatch):
     path = ROOT / "programs" / "copy.tds"
     schedule = program_schedule(path)
 
-    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s, nodes=None):
-        assert len(calls) == 2 and not torch.equal(calls[0][0]["X"], calls[1][0]["X"])  # fresh inputs
-        first = [Reference(schedule, world, {"N": 2048}).run(calls[0])[rank] for rank in range(world)]
+    def stale_ranks(fn, world, source, consts, shapes, calls, dtype_map, timeout_s, built=None, nodes=None):
+        given = [torch.as_tensor(call[0]["X"]) for call in calls]
+        assert len(calls) == 2 and not torch.equal(*given)  # fresh inputs
+        first_call = [{n: torch.as_tensor(v) for n, v in mine.items()} for mine in calls[0]]
+        first = [Reference(schedule, world, {"N": 2048}).run(first_call)[rank] for rank in range(world)]
         return [[{"Y": first[rank]["Y"].float().numpy()}] * 2 for rank in range(world)]
 
     monkeypatch.setattr("tiledsl.runtime.emulate.run_ranks", stale_ranks)

@@ -5,6 +5,7 @@ one process per rank. Under torchrun on GPUs the program runs for real."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import sympy
@@ -97,14 +98,31 @@ def random_ids(shape, bound: int, generator) -> torch.Tensor:
 
 
 def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: list[list[dict]], dtype_map: dict,
-                   timeout_s: float):
+                   timeout_s: float, built: str | None = None):
     """One emulated rank: compile in the interpreter, then one call per input set, each on fresh inputs
     copied into the same tensors (so later calls take the prepared path) with poisoned outputs;
     returns every call's outputs."""
+    outputs = _emulated_calls(heap, source, consts, shapes, calls, dtype_map, timeout_s, built)
+    heap.close()
+    return outputs
+
+
+def _emulated_ranks(heap, jobs: list[tuple]):
+    """One emulated rank running several programs in turn on one heap (`run_together`)."""
+    outputs = [_emulated_calls(heap, *job) for job in jobs]
+    heap.close()
+    return outputs
+
+
+def _emulated_calls(heap, source: str, consts: dict, shapes: list[dict], calls: list[list[dict]], dtype_map: dict,
+                    timeout_s: float, built: str | None = None):
+    """`_emulated_rank`'s work; `built`: the path of the module the parent built (api.build_module)."""
     import tiledsl
+    from tiledsl.api import load_built
     override = {k: getattr(torch, v) for k, v in dtype_map.items()}
-    program = tiledsl.compile(source, heap, emulated=True, dtype_override=override, wait_timeout_s=timeout_s,
-                              **consts)
+    options = {"emulated": True, "dtype_override": override, "wait_timeout_s": timeout_s}
+    program = load_built(built).tds_load(heap=heap, **options) if built else \
+        tiledsl.compile(source, heap, **options, **consts)
     shapes = shapes[heap.rank]
     args = {spec.name: torch.empty(shapes[spec.name], dtype=override.get(spec.dtype, getattr(torch, spec.dtype)))
             for spec in program.callers}
@@ -114,17 +132,16 @@ def _emulated_rank(heap, source: str, consts: dict, shapes: list[dict], calls: l
             if spec.role == "out":
                 args[spec.name].fill_(poison(args[spec.name].dtype))  # an element never written shows up
             else:
-                args[spec.name].copy_(inputs[heap.rank][spec.name])
+                args[spec.name].copy_(torch.as_tensor(inputs[heap.rank][spec.name]))
         program(**args)
         # numpy arrays travel back by value; torch tensors would be shared through this process's fds
         outputs.append({s.name: as_numpy(args[s.name]) for s in program.callers if s.role in ("out", "inout")})
-    heap.close()
     return outputs
 
 
 def as_numpy(tensor: torch.Tensor):
-    """A copy as a numpy array; fp8, which numpy lacks, as the float32 values it holds (exactly)."""
-    if tensor.is_floating_point() and tensor.element_size() == 1:
+    """A copy as a numpy array; fp8 and bf16, which numpy lacks, as the float32 values they hold (exactly)."""
+    if tensor.is_floating_point() and (tensor.element_size() == 1 or tensor.dtype == torch.bfloat16):
         tensor = tensor.float()
     return tensor.numpy().copy()
 
@@ -140,62 +157,132 @@ def program_schedule(source: str):
 
 
 def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
-                 consts: dict | None = None, timeout_s: float = 20.0, nodes: int | None = None) -> list[Verdict]:
+                 consts: dict | None = None, timeout_s: float = 20.0, nodes: int | None = None,
+                 expect=None) -> list[Verdict]:
     """Run a program on `world` emulated ranks (in `nodes` nodes: default TILEDSL_NODES, else one), `calls`
-    times on fresh random inputs each, and compare every call's outputs with the reference. Fresh inputs
-    matter: a wait that let a consumer through too early on a later call would otherwise read the last
-    call's identical data and pass."""
+    times on fresh random inputs each, and compare every call's outputs with the reference, or with
+    `expect(inputs, world, sizes)` where given (tiledsl.runtime.expect). Fresh inputs matter: a wait
+    that let a consumer through too early on a later call would otherwise read the last call's
+    identical data and pass."""
     from tiledsl.runtime.emulate import run_ranks
-    schedule = program_schedule(source)
-    consts = consts or {}
-    nodes = nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1)
-    sizes = launch_sizes(schedule, world, sizes or {}, consts, nodes)
-    inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, consts, nodes)
-              for call in range(calls)]
-    reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES, nodes)
-    shapes = [reference.shapes(rank) for rank in range(world)]
-    results = run_ranks(_emulated_rank, world, os.fspath(source), consts, shapes, inputs, EMULATED_DTYPES,
-                        timeout_s, nodes=nodes)
-    expected = [reference.run(each) for each in inputs]
-    written = written_ranks(schedule, world, sizes, consts, nodes)
-    verdicts = []
-    for name, tensor in schedule.tensors.items():
-        if tensor.role.value not in ("out", "inout"):
-            continue
-        untouched = [rank for rank in range(world) if rank not in written[name]]
-        if tensor.role.value == "out" and untouched:
-            # no instance writes this rank's copy (a family with `if rank == ...`): it keeps what the
-            # caller passed, the poison here; the other ranks are compared
-            left = [rank for rank in untouched for call in range(calls)
-                    if not bool(torch.isnan(torch.from_numpy(results[rank][call][name]).double()).all())]
-            if left:
-                verdicts.append(Verdict(name, False, float("inf"), f", world {world}; written on rank {left[0]}, "
-                                                                    f"where no instance writes it"))
+    run = EmulatedRun.prepare(source, world, sizes, seed, calls, consts, timeout_s, nodes, expect)
+    return run.verdicts(run_ranks(_emulated_rank, world, *run.job(), nodes=run.nodes))
+
+
+def run_together(runs: list["EmulatedRun"], timeout_s: float = 600.0) -> list:
+    """Several prepared runs of one world (and topology) in one set of rank processes, each program in
+    turn: the ranks pay once for starting. Returns each run's verdicts, or the exception it failed with;
+    a failure stops the set, so then each run is repeated alone to lay it at its program's door."""
+    from tiledsl.runtime.emulate import run_ranks
+    if not runs:
+        return []
+    try:
+        per_rank = run_ranks(_emulated_ranks, runs[0].world, [run.job() for run in runs], timeout_s=timeout_s,
+                             nodes=runs[0].nodes)
+    except RuntimeError as failure:
+        if len(runs) == 1:
+            return [failure]
+        return [found for run in runs for found in run_together([run], timeout_s)]
+    return [run.verdicts([mine[n] for mine in per_rank]) for n, run in enumerate(runs)]
+
+
+@dataclass
+class EmulatedRun:
+    """One program at one world, ready to run: its sizes, every call's inputs and expected outputs
+    (None for a rank's copy that nothing should write)."""
+    source: str
+    schedule: object
+    world: int
+    nodes: int
+    sizes: dict
+    consts: dict
+    calls: int
+    timeout_s: float
+    inputs: list          # [call][rank] -> {tensor: value}
+    expected: list        # the same indices; a value None: this rank's copy is not written
+    shapes: list          # [rank] -> {tensor: shape}
+    against: str          # what the outputs are compared with, for the verdict line
+    built: str            # the generated module's path (api.build_module), which every rank imports
+
+    @classmethod
+    def prepare(cls, source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
+                consts: dict | None = None, timeout_s: float = 20.0, nodes: int | None = None,
+                expect=None) -> "EmulatedRun":
+        schedule = program_schedule(source)
+        consts = consts or {}
+        nodes = nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1)
+        sizes = launch_sizes(schedule, world, sizes or {}, consts, nodes)
+        inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, consts, nodes)
+                  for call in range(calls)]
+        reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES, nodes)
+        shapes = [reference.shapes(rank) for rank in range(world)]
+        outputs = [n for n, t in schedule.tensors.items() if t.role.value in ("out", "inout")]
+        if expect is None:
+            written = written_ranks(schedule, world, sizes, consts, nodes)
+            expected = [[{n: got[n] if rank in written[n] or schedule.tensors[n].role.value != "out" else None
+                          for n in outputs} for rank, got in enumerate(reference.run(each))] for each in inputs]
+            against = ""
+        else:
+            from tiledsl.runtime.expect import expected_outputs
+            expected = [expected_outputs(expect, schedule, each, world, sizes, shapes) for each in inputs]
+            against = f"; against {expect.where}"
+        from tiledsl.api import build_module
+        built = build_module(source, consts).__file__  # once here, not once a rank; a build error before any rank
+        return cls(os.fspath(source), schedule, world, nodes, sizes, consts, calls, timeout_s, inputs, expected,
+                   shapes, against, built)
+
+    def job(self) -> tuple:
+        """`_emulated_calls`'s arguments after the heap."""
+        # inputs as numpy, by value: a torch tensor takes a file descriptor to the ranks, and the
+        # forkserver passes fewer than 256 (run_together sends every program of a world at once)
+        inputs = [[{n: as_numpy(t) for n, t in mine.items()} for mine in call] for call in self.inputs]
+        return self.source, self.consts, self.shapes, inputs, EMULATED_DTYPES, self.timeout_s, self.built
+
+    def verdicts(self, results: list) -> list[Verdict]:
+        """Every output's verdict from every rank's results (`results[rank][call][tensor]`)."""
+        schedule, world, calls, expected = self.schedule, self.world, self.calls, self.expected
+        verdicts = []
+        for name, tensor in schedule.tensors.items():
+            if tensor.role.value not in ("out", "inout"):
                 continue
-            if len(untouched) == world:
-                verdicts.append(Verdict(name, True, 0.0, f", world {world}; no rank writes it"))
-                continue
-        dtype = rounded_dtype(schedule, name, EMULATED_DTYPES.get(tensor.dtype, tensor.dtype))
-        where = f"world {world}" if nodes == 1 else f"{nodes} nodes x {world // nodes}"
-        note = f", {where}, {', '.join(f'{k}={v}' for k, v in sizes.items())}"
-        if calls > 1:
-            note += f", {calls} calls on fresh inputs"
-        if dtype != tensor.dtype:
-            note += f"; emulated in {dtype} for {tensor.dtype}"
-        ranks = [rank for rank in range(world) if rank in written[name] or tensor.role.value != "out"]
-        if len(ranks) < world:
-            note += f"; left as passed on rank{'s' if world - len(ranks) > 1 else ''} " + ", ".join(
-                str(r) for r in range(world) if r not in ranks)
-        got = [torch.from_numpy(results[rank][call][name]) for call in range(calls) for rank in ranks]
-        want = [expected[call][rank][name] for call in range(calls) for rank in ranks]
-        if tensor.upto is not None:  # elements past the valid rows are unspecified: not compared
-            valid = [valid_rows(expected[call][rank][name].shape, expected[call][rank][tensor.upto])
-                     for call in range(calls) for rank in ranks]
-            got = [torch.where(v, g.double(), 0.0) for g, v in zip(got, valid)]
-            want = [torch.where(v, w, 0.0) for w, v in zip(want, valid)]
-            note += f"; compared below {tensor.upto}"
-        verdicts.append(compare(name, got, want, dtype, note))
-    return verdicts
+            untouched = [rank for rank in range(world) if expected[0][rank][name] is None]
+            if untouched:
+                # no instance writes this rank's copy (a family with `if rank == ...`): it keeps what the
+                # caller passed, the poison here; the other ranks are compared
+                left = [rank for rank in untouched for call in range(calls)
+                        if not bool(torch.isnan(torch.from_numpy(results[rank][call][name]).double()).all())]
+                if left:
+                    verdicts.append(Verdict(name, False, float("inf"), f", world {world}; written on rank "
+                                                                        f"{left[0]}, where nothing should write it"))
+                    continue
+                if len(untouched) == world:
+                    verdicts.append(Verdict(name, True, 0.0, f", world {world}; no rank writes it"))
+                    continue
+            dtype = rounded_dtype(schedule, name, EMULATED_DTYPES.get(tensor.dtype, tensor.dtype))
+            where = f"world {world}" if self.nodes == 1 else f"{self.nodes} nodes x {world // self.nodes}"
+            note = f", {where}, {', '.join(f'{k}={v}' for k, v in self.sizes.items())}"
+            if calls > 1:
+                note += f", {calls} calls on fresh inputs"
+            if dtype != tensor.dtype:
+                note += f"; emulated in {dtype} for {tensor.dtype}"
+            ranks = [rank for rank in range(world) if rank not in untouched]
+            if untouched:
+                note += f"; left as passed on rank{'s' if len(untouched) > 1 else ''} " + ", ".join(map(str, untouched))
+            got = [torch.from_numpy(results[rank][call][name]) for call in range(calls) for rank in ranks]
+            want = [expected[call][rank][name] for call in range(calls) for rank in ranks]
+            if tensor.upto is not None:  # elements past the valid rows are unspecified: not compared
+                counts = [self._count(call, rank, tensor.upto, results) for call in range(calls) for rank in ranks]
+                valid = [valid_rows(w.shape, c) for w, c in zip(want, counts)]
+                got = [torch.where(v, g.double(), 0.0) for g, v in zip(got, valid)]
+                want = [torch.where(v, w.double(), 0.0) for w, v in zip(want, valid)]
+                note += f"; compared below {tensor.upto}"
+            verdicts.append(compare(name, got, want, dtype, note + self.against))
+        return verdicts
+
+    def _count(self, call: int, rank: int, name: str, results: list) -> torch.Tensor:
+        """The count an `upto` output is valid below: expected, else (an input) as passed."""
+        want = self.expected[call][rank].get(name)
+        return want if want is not None else torch.as_tensor(self.inputs[call][rank][name])
 
 
 def written_ranks(schedule, world: int, sizes: dict, consts: dict, nodes: int = 1) -> dict[str, set[int]]:
@@ -336,12 +423,22 @@ def main_run(args) -> int:
     """The `tiledsl run` command: print one verdict line per output; 1 on a mismatch."""
     sizes = dict(parse_size(s) for s in (args.size or []))
     gpu = torch.cuda.is_available() and "WORLD_SIZE" in os.environ and not args.emulate
+    expect_path = getattr(args, "expect", None)
+    if gpu and expect_path:
+        print(f"{args.file}: error: --expect runs on emulated ranks only (add --emulate)", file=sys.stderr)
+        return 1
     if gpu:
         from tiledsl.runtime.gpu_run import run_gpu
         verdicts = run_gpu(args.file, sizes, args.seed)
     else:
-        verdicts = run_emulated(args.file, args.world or EMULATED_WORLD, sizes, args.seed,
-                                nodes=getattr(args, "nodes", None))
+        from tiledsl.runtime.expect import ExpectationError, load_expectation
+        try:
+            expect = load_expectation(expect_path, program_schedule(args.file).name) if expect_path else None
+            verdicts = run_emulated(args.file, args.world or EMULATED_WORLD, sizes, args.seed,
+                                    nodes=getattr(args, "nodes", None), expect=expect)
+        except ExpectationError as exc:
+            print(f"{args.file}: error: {exc}", file=sys.stderr)
+            return 1
     if not gpu or torch.distributed.get_rank() == 0:  # under torchrun every rank has the same verdicts
         for verdict in verdicts:
             print(f"{args.file}: {verdict.line()}", flush=True)

@@ -1,0 +1,270 @@
+"""What each corpus program is meant to compute, in plain torch on every rank's inputs.
+
+One function per program, named as the program, with the interface of `tiledsl run --expect`:
+`f(inputs, world, sizes)`, where inputs maps each in and inout tensor to the list of every rank's
+float64 copy, and the result maps each out and inout tensor to the list of every rank's expected
+value (None: the rank's copy must stay as passed). Written from each program's header comment, the
+way the layer is computed in model code; nothing here imports tiledsl or reads a .tds file."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _every(value: torch.Tensor, world: int) -> list[torch.Tensor]:
+    return [value.clone() for _ in range(world)]
+
+
+def _rows(full: torch.Tensor, world: int, dim: int = 0) -> list[torch.Tensor]:
+    """Rank r's block along `dim`, as torch.chunk splits a tensor-parallel activation."""
+    assert full.shape[dim] % world == 0
+    return list(full.chunk(world, dim=dim))
+
+
+# ---- MLP epilogues on one rank --------------------------------------------------------------------
+
+def swiglu(inputs, world, sizes):
+    return {"H": [F.silu(g) * u for g, u in zip(inputs["G"], inputs["U"])]}
+
+
+def bias_gelu(inputs, world, sizes):
+    return {"H": [F.gelu(F.linear(x, w.T, b)) for x, w, b in zip(inputs["X"], inputs["W"], inputs["b"])]}
+
+
+def residual_add(inputs, world, sizes):
+    return {"R": [x + r for x, r in zip(inputs["X"], inputs["R"])]}
+
+
+def rmsnorm(inputs, world, sizes):
+    return {"Y": [F.rms_norm(x, (x.shape[-1],), w, eps=1e-5) for x, w in zip(inputs["X"], inputs["W"])]}
+
+
+def layernorm(inputs, world, sizes):
+    return {"Y": [F.layer_norm(x, (x.shape[-1],), g, b, eps=1e-5)
+                  for x, g, b in zip(inputs["X"], inputs["gamma"], inputs["beta"])]}
+
+
+def softmax_rows(inputs, world, sizes):
+    return {"Y": [torch.softmax(x, dim=-1) for x in inputs["X"]]}
+
+
+def gelu_tanh(inputs, world, sizes):
+    return {"Y": [F.gelu(x + b, approximate="tanh") for x, b in zip(inputs["X"], inputs["b"])]}
+
+
+def bias_gelu_ew(inputs, world, sizes):
+    return {"Y": [F.gelu(x + b) for x, b in zip(inputs["X"], inputs["b"])]}
+
+
+def softcap(inputs, world, sizes):
+    return {"Y": [30.0 * torch.tanh(x / 30.0) for x in inputs["X"]]}
+
+
+def rotary(inputs, world, sizes):
+    out = []
+    for x, cos, sin in zip(inputs["X"], inputs["Cos"], inputs["Sin"]):
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)       # rotate_half, as in transformers' LLaMA
+        out.append(x * torch.cat([cos, cos], -1) + rotated * torch.cat([sin, sin], -1))
+    return {"Y": out}
+
+
+def add_rmsnorm(inputs, world, sizes):
+    hidden = [x + r for x, r in zip(inputs["X"], inputs["R"])]
+    return {"H": hidden, "Y": [F.rms_norm(h, (h.shape[-1],), w, eps=1e-6) for h, w in zip(hidden, inputs["W"])]}
+
+
+def residual_3d(inputs, world, sizes):
+    return {"Y": [x + g * f for x, f, g in zip(inputs["X"], inputs["Fx"], inputs["g"])]}
+
+
+# ---- root collectives -----------------------------------------------------------------------------
+
+def reduce_to_root(inputs, world, sizes):
+    return {"Y": [sum(inputs["X"])] + [None] * (world - 1)}
+
+
+def broadcast_root(inputs, world, sizes):
+    return {"Y": _every(inputs["X"][0], world)}
+
+
+def gather_root(inputs, world, sizes):
+    return {"Y": [torch.cat(inputs["X"])] + [None] * (world - 1)}
+
+
+def max_root(inputs, world, sizes):
+    top = torch.stack(inputs["X"]).amax(dim=0)
+    return {"Y": [None, top] + [None] * (world - 2)}
+
+
+def allreduce_f16(inputs, world, sizes):
+    return {"G": _every(sum(inputs["G"]) / world, world)}
+
+
+def sgd_allreduce(inputs, world, sizes):
+    mean = sum(inputs["G"]) / world
+    return {"P": [p - 0.01 * mean for p in inputs["P"]]}
+
+
+# ---- rings and chains -----------------------------------------------------------------------------
+
+def ring_allgather_tiles(inputs, world, sizes):
+    return {"Y": _every(torch.cat(inputs["X"]), world)}
+
+
+def ring_reduce_scatter_f32(inputs, world, sizes):
+    return {"Y": _rows(sum(inputs["X"]), world)}
+
+
+def chain_broadcast_f16(inputs, world, sizes):
+    return {"W": _every(inputs["W"][0], world)}
+
+
+# ---- sequence and head parallelism ----------------------------------------------------------------
+
+def allgather_seq_3d(inputs, world, sizes):
+    return {"Y": _every(torch.cat(inputs["X"], dim=1), world)}
+
+
+def alltoall_heads(inputs, world, sizes):
+    """Every rank's tokens of its own heads: the whole sequence, split by heads."""
+    full = torch.cat(inputs["X"], dim=0)            # [S, H, D]
+    return {"Y": _rows(full, world, dim=1)}
+
+
+# ---- tensor-parallel linear layers ----------------------------------------------------------------
+
+def column_linear_ag(inputs, world, sizes):
+    x = torch.cat(inputs["X"])
+    return {"Y": [x @ w for w in inputs["W"]]}
+
+
+def row_linear_rs(inputs, world, sizes):
+    total = sum(x @ w for x, w in zip(inputs["X"], inputs["W"]))
+    return {"Y": _rows(total, world)}
+
+
+def row_linear_ar_bias(inputs, world, sizes):
+    total = sum(x @ w for x, w in zip(inputs["X"], inputs["W"]))
+    return {"Y": [total + b for b in inputs["b"]]}
+
+
+def mlp_swiglu_tp(inputs, world, sizes):
+    total = sum((F.silu(x @ wg) * (x @ wu)) @ wd
+                for x, wg, wu, wd in zip(inputs["X"], inputs["Wg"], inputs["Wu"], inputs["Wd"]))
+    return {"Y": _every(total, world)}
+
+
+def ag_gelu_linear(inputs, world, sizes):
+    x = torch.cat(inputs["X"])
+    return {"H": [F.gelu(x @ w) for w in inputs["W"]]}
+
+
+def linear_residual(inputs, world, sizes):
+    return {"Y": [x @ w + r for x, w, r in zip(inputs["X"], inputs["W"], inputs["R"])]}
+
+
+# ---- vocab-parallel pieces: logits split along the vocabulary, [T, V / world] a rank ---------------
+
+def vocab_max(inputs, world, sizes):
+    logits = torch.cat(inputs["L"], dim=-1)
+    return {"Mx": _every(logits.amax(dim=-1, keepdim=True), world)}
+
+
+def vocab_logsumexp(inputs, world, sizes):
+    logits = torch.cat(inputs["L"], dim=-1)
+    return {"Lse": _every(torch.logsumexp(logits, dim=-1, keepdim=True), world)}
+
+
+def vocab_softmax(inputs, world, sizes):
+    probs = torch.softmax(torch.cat(inputs["L"], dim=-1), dim=-1)
+    return {"P": list(probs.chunk(world, dim=-1))}
+
+
+# ---- attention ------------------------------------------------------------------------------------
+
+def attention_scores(inputs, world, sizes):
+    d = sizes["D"]
+    return {"P": [torch.softmax(q @ k.T / d ** 0.5, dim=-1) for q, k in zip(inputs["Q"], inputs["K"])]}
+
+
+def attention_online(inputs, world, sizes):
+    return {"O": [F.scaled_dot_product_attention(q, k, v) for q, k, v in zip(inputs["Q"], inputs["K"], inputs["V"])]}
+
+
+def attention_causal(inputs, world, sizes):
+    return {"O": [F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                  for q, k, v in zip(inputs["Q"], inputs["K"], inputs["V"])]}
+
+
+def attention_merge(inputs, world, sizes):
+    lse = torch.stack(inputs["Lp"])                 # [world, T, 1]
+    weights = torch.softmax(lse, dim=0)             # exp(L_s - logsumexp_s L_s)
+    merged = (weights * torch.stack(inputs["Op"])).sum(dim=0)
+    return {"O": _every(merged, world)}
+
+
+def allreduce_layernorm(inputs, world, sizes):
+    total = sum(inputs["X"])
+    hidden = [total + r for r in inputs["R"]]
+    normed = [F.layer_norm(h, (h.shape[-1],), g, b, eps=1e-5)
+              for h, g, b in zip(hidden, inputs["gamma"], inputs["beta"])]
+    return {"H": hidden, "Y": normed}
+
+
+def qk_norm(inputs, world, sizes):
+    return {"Y": [F.rms_norm(x, (x.shape[-1],), w, eps=1e-6) for x, w in zip(inputs["X"], inputs["W"])]}
+
+
+# ---- embeddings, heads, casts ---------------------------------------------------------------------
+
+def embedding(inputs, world, sizes):
+    return {"Y": [F.embedding(ids.long(), e) * sizes["D"] ** 0.5 for ids, e in zip(inputs["ids"], inputs["E"])]}
+
+
+def lm_head_gather(inputs, world, sizes):
+    """gather_output: the logits of every rank's vocabulary shard, side by side."""
+    logits = [x @ w for x, w in zip(inputs["X"], inputs["W"])]
+    return {"Y": _every(torch.cat(logits, dim=-1), world)}
+
+
+def cast_scale(inputs, world, sizes):
+    return {"Y": [(x * s).to(torch.bfloat16).double() for x, s in zip(inputs["X"], inputs["s"])]}
+
+
+# ---- more collectives -----------------------------------------------------------------------------
+
+def reduce_scatter_seq_3d(inputs, world, sizes):
+    return {"Y": _rows(sum(inputs["X"]), world, dim=1)}
+
+
+def broadcast_last(inputs, world, sizes):
+    return {"Y": _every(inputs["X"][-1], world)}
+
+
+def mean_root_3d(inputs, world, sizes):
+    return {"Y": [sum(inputs["X"]) / world] + [None] * (world - 1)}
+
+
+def attention_online_d16(inputs, world, sizes):
+    return attention_online(inputs, world, sizes)
+
+
+def attention_causal_d16(inputs, world, sizes):
+    return attention_causal(inputs, world, sizes)
+
+
+def glu_halves(inputs, world, sizes):
+    return {"Y": [F.glu(x, dim=-1) for x in inputs["X"]]}
+
+
+def relu_squared(inputs, world, sizes):
+    return {"Y": [torch.relu(x) ** 2 for x in inputs["X"]]}
+
+
+def allgather_nvshmem(inputs, world, sizes):
+    return {"Y": _every(torch.cat(inputs["X"]), world)}
+
+
+def dequant_linear(inputs, world, sizes):
+    return {"Y": [(x @ w) * s for x, w, s in zip(inputs["X"], inputs["W"], inputs["s"])]}

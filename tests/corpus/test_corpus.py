@@ -1,0 +1,184 @@
+"""The corpus: programs written as users write them, from the README and the grammar, for the layers and
+collectives of public model code, each on emulated ranks at worlds 2 and 3 against its expectation in
+plain torch (expectations.py, written from what the program is for, not from its meaning), the same
+check as `tiledsl run FILE --expect tests/corpus/expectations.py`. A program that hits a compiler bug
+stays as written and is marked xfail (strict) with the bug; refused/ holds programs the checker must
+refuse, each with the positioned error it must give.
+
+All programs of one world run in one set of rank processes (run_together): starting ranks and
+importing Triton in them costs more than most of these programs take."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+EXPECTATIONS = HERE / "expectations.py"
+WORLDS = (2, 3)
+
+
+@dataclass(frozen=True)
+class Case:
+    sizes: dict                       # the params; a callable of the world where they depend on it
+    consts: dict = field(default_factory=dict)
+    bug: str | None = None            # a compiler bug this program hits: xfail(strict=True)
+
+    def params(self, world: int) -> dict:
+        return self.sizes(world) if callable(self.sizes) else dict(self.sizes)
+
+
+SQRT_OF_PARAM = "sqrt(D) of a param D in a block tile ends in an interpreter error (tl.sqrt of int32)"
+BROADCAST_EPILOGUE = ("a product followed by a broadcast operand (A @ B + b[j*BN : +BN], (A @ B) * s[i*BM : +BM, :]) "
+                      "ends in an internal error")
+
+# Sizes no tile divides wherever the program allows it; K and N multiples of 8 under products (TMA's
+# 16-byte rows at bf16), rows a multiple of the world where the program splits them by rank.
+CORPUS = {
+    "swiglu": Case({"T": 37, "F": 100}),
+    "bias_gelu": Case({"M": 37, "K": 24, "N": 70}, bug=BROADCAST_EPILOGUE),
+    "reduce_to_root": Case({"N": 1001}),
+    "residual_add": Case({"T": 13, "D": 100}),
+    "rmsnorm": Case({"T": 7, "D": 96}),
+    "layernorm": Case({"T": 7, "D": 80}),
+    "softmax_rows": Case({"T": 9, "N": 50}),
+    "gelu_tanh": Case({"T": 11, "F": 70}),
+    "bias_gelu_ew": Case({"T": 11, "F": 200}),
+    "softcap": Case({"T": 5, "V": 300}),
+    "rotary": Case({"T": 11, "D": 32}),
+    "add_rmsnorm": Case({"T": 5, "D": 64}, bug="rmsnorm of a local name (h = X + R; rmsnorm(h, W)) emits `/ None` for the row length"),
+    "residual_3d": Case({"B": 2, "S": 9, "D": 40}),
+    "broadcast_root": Case({"N": 700}),
+    "gather_root": Case(lambda w: {"M": 7 * w, "N": 45}),
+    "max_root": Case({"N": 300}),
+    "allreduce_f16": Case({"N": 1500}),
+    "sgd_allreduce": Case({"N": 1000}),
+    "ring_allgather_tiles": Case(lambda w: {"M": 32 * w, "N": 70}),
+    "ring_reduce_scatter_f32": Case(lambda w: {"M": 13 * w, "N": 100}),
+    "chain_broadcast_f16": Case({"N": 1000}),
+    "allgather_seq_3d": Case(lambda w: {"B": 2, "S": 5 * w, "D": 24}),
+    "alltoall_heads": Case(lambda w: {"S": 3 * w, "H": 2 * w, "D": 8}),
+    "column_linear_ag": Case(lambda w: {"M": 16 * w, "K": 24, "N": 40}),
+    "row_linear_rs": Case(lambda w: {"M": 16 * w, "K": 24, "N": 40}),
+    "row_linear_ar_bias": Case({"M": 20, "K": 24, "N": 40}),
+    "mlp_swiglu_tp": Case({"T": 20, "D": 40, "F": 48}, bug="check accepts two products in one tile "
+                          "(silu(X @ Wg) * (X @ Wu)); build: LoweringError: a tile may hold one matrix product"),
+    "ag_gelu_linear": Case(lambda w: {"M": 16 * w, "K": 24, "N": 40}),
+    "linear_residual": Case({"M": 20, "K": 24, "N": 40}),
+    "vocab_max": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_logsumexp": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_softmax": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "attention_scores": Case({"S": 20, "D": 16}, bug=SQRT_OF_PARAM),
+    "attention_online": Case({"S": 40, "D": 16}, bug=SQRT_OF_PARAM),
+    "attention_online_d16": Case({"S": 40}),
+    "attention_causal": Case({"S": 40, "D": 16}, bug=SQRT_OF_PARAM),
+    "attention_causal_d16": Case({"S": 40}),
+    "attention_merge": Case({"T": 10, "D": 24}),
+    "allreduce_layernorm": Case({"T": 5, "D": 48}),
+    "qk_norm": Case({"T": 3, "H": 5, "D": 16}),
+    "embedding": Case({"T": 6, "V": 11, "D": 40}, bug="a row lookup E[ids[t], :] ends in an interpreter error "
+                                                     "(mask has unsupported dtype)"),
+    "lm_head_gather": Case(lambda w: {"T": 20, "D": 24, "V": 40 * w},
+                           bug="check accepts a copy-engine chunk waiting on a peer's whole tile family "
+                               "(gather[s] after mm[*, *] @ s); build: LoweringError"),
+    "cast_scale": Case({"T": 11, "D": 100}),
+    "reduce_scatter_seq_3d": Case(lambda w: {"B": 2, "S": 5 * w, "D": 40}),
+    "broadcast_last": Case({"M": 9, "N": 33}, bug="a copy-engine chunk with no index list builds to invalid "
+                                                   "Python (SyntaxError)"),
+    "mean_root_3d": Case({"B": 2, "H": 5, "W": 12}),
+    "glu_halves": Case({"T": 11, "F": 24}),
+    "relu_squared": Case({"N": 1500}),
+    "allgather_nvshmem": Case(lambda w: {"M": 7 * w, "N": 33}),
+    "dequant_linear": Case({"M": 20, "K": 24, "N": 40}, bug=BROADCAST_EPILOGUE),
+}
+
+# Programs the checker must refuse: (line, column, words of the message).
+REFUSED = {
+    # the ring all-gather without `require Ms % BM == 0`: a rank's last tile of rows spills into the next block
+    "ring_tile_spills": (20, 9, ["race", "'fwd'", "R"]),
+    # every rank sends only after receiving from the one before it: a cycle around the ring
+    "halo_deadlock": (13, 15, ["deadlock", "cycle", "send[0]@rank0", "recv[0]@rank1"]),
+    # a peer's staging buffer read with no edge to the tile that writes it
+    "stage_race": (11, 70, ["race", "'take'", "'stage'", "S"]),
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(request):
+    """(name, world) -> verdicts or the exception the run failed with; the first test of a world runs
+    every selected program of that world (each known bug alone, so that it cannot stop the others)."""
+    from tiledsl.runtime.expect import load_expectation
+    from tiledsl.runtime.run_program import EmulatedRun, run_together
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: a second thread only adds waiting on busy cores
+    done: dict = {}
+
+    def prepare(name: str, world: int):
+        case, source = CORPUS[name], os.fspath(HERE / f"{name}.tds")
+        try:  # a build failure shows here, before any rank starts
+            return EmulatedRun.prepare(source, world, case.params(world), seed=world, consts=case.consts,
+                                       expect=load_expectation(os.fspath(EXPECTATIONS), name))
+        except Exception as failure:  # noqa: BLE001 - reported by the test of this program
+            return failure
+
+    def result(name: str, world: int):
+        if (name, world) not in done:
+            selected = sorted({(item.callspec.params["name"], item.callspec.params["world"])
+                               for item in request.session.items
+                               if getattr(item, "originalname", None) == "test_program_means_what_its_author_meant"})
+            pending = [n for n, w in selected if w == world and (n, w) not in done]
+            prepared = {n: prepare(n, world) for n in pending}
+            failed = {n: p for n, p in prepared.items() if isinstance(p, Exception)}
+            sound = [n for n in pending if n not in failed and CORPUS[n].bug is None]
+            alone = [n for n in pending if n not in failed and CORPUS[n].bug is not None]
+            done.update({(n, world): p for n, p in failed.items()})
+            for names in [sound] + [[n] for n in alone]:
+                found = run_together([prepared[n] for n in names])
+                done.update({(n, world): f for n, f in zip(names, found, strict=True)})
+        return done[name, world]
+
+    yield result
+    torch.set_num_threads(threads)
+
+
+CASES = [pytest.param(name, world, id=f"{name}-world{world}",
+                      marks=[pytest.mark.xfail(strict=True, reason=case.bug)] if case.bug else [])
+         for name, case in CORPUS.items() for world in WORLDS]
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("name, world", CASES)
+def test_program_means_what_its_author_meant(corpus, name, world):
+    found = corpus(name, world)
+    if isinstance(found, Exception):
+        raise AssertionError(f"{name} at world {world}: {type(found).__name__}: {found}")
+    lines = [f"{name}: {verdict.line()}" for verdict in found]
+    assert found and all(verdict.ok for verdict in found), "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_program_is_refused_with_a_positioned_error(name):
+    from tiledsl import pipeline
+    from tiledsl.diagnostics import TdsError
+    line, column, words = REFUSED[name]
+    path = HERE / "refused" / f"{name}.tds"
+    with pytest.raises(TdsError) as refused:
+        pipeline.run(path, until="check")
+    text = refused.value.render()
+    assert f"{path.name}:{line}:{column}: error:" in text, text
+    for word in words:
+        assert word in text, text
+
+
+def test_every_corpus_program_has_a_case_and_an_expectation():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("corpus_expectations", EXPECTATIONS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    programs = {p.stem for p in HERE.glob("*.tds")}
+    assert programs == set(CORPUS)
+    assert all(callable(getattr(module, name, None)) for name in programs)
+    assert {p.stem for p in (HERE / "refused").glob("*.tds")} == set(REFUSED)
