@@ -42,7 +42,7 @@ def _rank_rotate(heap, numel: int):
         y = program(_data(heap.rank, call, numel), torch.full((numel,), float("nan")))
         heap.barrier()  # every rank's put of this call has landed
         prepared = next(iter(program._calls.values()))
-        s = next(iter(program._resources.values()))["S"]
+        s = next(iter(program._resources.values())).tensors["S"]
         # numpy, not tensors: tensors cross processes as shared storage that dies with the rank
         seen.append((prepared.fold, program._epoch_cell.tolist(), y.numpy().copy(), s.numpy().copy()))
         heap.barrier()  # nobody's next call writes S before every rank has read it

@@ -14,6 +14,7 @@ import math
 import sympy
 
 from tiledsl.codegen import body as b
+from tiledsl.codegen.names import value_name
 from tiledsl.runtime.specs import pow2_at_least
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import value_shape
@@ -83,13 +84,7 @@ class _Block:
 
     # ---- names and blocks ---------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
-        base = f"tds_{hint}"
-        name, n = base, 1
-        while name in self.names:
-            n += 1
-            name = f"{base}{n}"
-        self.names.add(name)
-        return name
+        return value_name(hint, self.names)
 
     def block(self, size) -> int | str:
         """The block covering `size`: 1 for 1, else a power of two of at least MIN_BLOCK."""

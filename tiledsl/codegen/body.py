@@ -13,6 +13,7 @@ from typing import Union
 
 import sympy
 
+from tiledsl.codegen.names import value_name
 # the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
 from tiledsl.runtime.specs import pipeline_stages, pow2_at_least
 from tiledsl.schedule import ir
@@ -480,13 +481,7 @@ class _Tile:
         self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
 
     def fresh(self, hint: str) -> str:
-        base = f"tds_{hint}"
-        name, n = base, 1
-        while name in self.names:
-            n += 1
-            name = f"{base}{n}"
-        self.names.add(name)
-        return name
+        return value_name(hint, self.names)
 
     def lower(self) -> TileBody:
         stores = self.family.stores

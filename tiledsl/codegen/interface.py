@@ -41,9 +41,9 @@ def interface_of(plan) -> KernelInterface:
         if f.notify is not None:
             args.append(Arg(f"tds_sig_{f.name}", Kind.SIGNALS, f.name, signal_dtype(f)))
             if f.notify.every_rank and not f.puts:
-                args.append(Arg(f"tds_peers_sig_{f.name}", Kind.SIGNAL_PEERS, f.name, "int64"))
+                args.append(Arg(f"tds_sigpeers_{f.name}", Kind.SIGNAL_PEERS, f.name, "int64"))
             if f.puts or f.notify.remote is not None:
-                args.append(Arg(f"tds_shmem_sig_{f.name}", Kind.SIGNAL_SHMEM, f.name, "int64"))
+                args.append(Arg(f"tds_sigshmem_{f.name}", Kind.SIGNAL_SHMEM, f.name, "int64"))
     kernel_families = [f for f in plan.families if f.on_sms]
     args += [Arg(f"tds_order_{f.name}", Kind.ORDER, f.name, "int32") for f in kernel_families if f.order is not None]
     args += [Arg(f"tds_count_{f.name}", Kind.COUNT, f.name, "int32") for f in kernel_families if f.count_row is not None]
@@ -79,13 +79,13 @@ def interface_of(plan) -> KernelInterface:
     if plan.distributed:
         # across nodes the barrier's second level is an NVSHMEM signal: 64-bit slots
         args += [Arg("tds_barrier", Kind.BARRIER, dtype="int64" if plan.spans_nodes else "int32"),
-                 Arg("tds_peers_barrier", Kind.BARRIER_PEERS, dtype="int64")]
+                 Arg("tds_barrier_peers", Kind.BARRIER_PEERS, dtype="int64")]
         if plan.spans_nodes:
-            args.append(Arg("tds_shmem_barrier", Kind.BARRIER_SHMEM, dtype="int64"))
+            args.append(Arg("tds_barrier_shmem", Kind.BARRIER_SHMEM, dtype="int64"))
     args += [Arg(c, Kind.CONST) for c in plan.consts]
     args += [Arg(name, Kind.BLOCK) for f in plan.families for name, _ in f.blocks]
     args += [Arg(f"tds_trace_{f.name}", Kind.TRACE, f.name, "int64") for f in kernel_families]
-    args.append(Arg("tds_trace_entry", Kind.TRACE, None, "int64"))
+    args.append(Arg("tds_entry_trace", Kind.TRACE, None, "int64"))
     args.append(Arg("tds_ENTER", Kind.ROLE))
     args.append(Arg("tds_EXIT", Kind.ROLE))
     args.append(Arg("tds_TRACE", Kind.ROLE))
@@ -165,7 +165,7 @@ def _needs(family, plan) -> set[str]:
             names.update({s.source, s.target, f"tds_shmem_{s.source}", "rank"})
         elif isinstance(s, Put):
             names.update({s.source, s.target, f"tds_shmem_{s.target}", f"tds_sig_{s.family}",
-                          f"tds_shmem_sig_{s.family}", EPOCH})
+                          f"tds_sigshmem_{s.family}", EPOCH})
             if s.source_owner is not None:
                 names.add(f"tds_peers_{s.source}")
         elif isinstance(s, Product):
@@ -207,9 +207,9 @@ def _needs(family, plan) -> set[str]:
     if family.notify is not None and not family.puts:
         names.update({f"tds_sig_{family.name}", EPOCH})
         if family.notify.every_rank:
-            names.add(f"tds_peers_sig_{family.name}")
+            names.add(f"tds_sigpeers_{family.name}")
         if family.notify.remote is not None:
-            names.add(f"tds_shmem_sig_{family.name}")
+            names.add(f"tds_sigshmem_{family.name}")
     if family.order is not None:
         names.add(f"tds_order_{family.name}")
     if family.count_row is not None:

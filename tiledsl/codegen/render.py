@@ -121,7 +121,7 @@ def wait_call(wait: body.Wait, family, indent: str) -> str:
 
 def axes_of(family) -> list[tuple[str, str]]:
     """(name, arange) of the block axes a tile's loads and stores use: hoisted out of the instance loop."""
-    places = [s.place for s in body_walk(family.body) if isinstance(s, (body.Load, body.Store)) and s.place.names is None]
+    places = [s.place for s in walk(family.body) if isinstance(s, (body.Load, body.Store)) and s.place.names is None]
     if not places:
         return []
     count = places[0].axes
@@ -136,13 +136,6 @@ def axes_of(family) -> list[tuple[str, str]]:
         expand = "" if count == 1 else ("[:, None]" if n == 0 else "[None, :]")
         out.append((name, f"tl.arange(0, {block}){expand}"))
     return out
-
-
-def body_walk(statements):
-    for s in statements:
-        yield s
-        if isinstance(s, body.Loop):
-            yield from body_walk(s.body)
 
 
 def offset(place: body.Place, axis_names=None) -> str:

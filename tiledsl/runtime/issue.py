@@ -3,10 +3,12 @@ the persistent kernel and the copy-engine chunks beside it, then CUDA-graph capt
 `Program` (launch.py) prepares each call once per set of tensors; this is the part that runs it."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy
 import torch
 
 from tiledsl.runtime import sync, timeline
@@ -77,6 +79,16 @@ class PreparedCall:
     graph: object = None
 
 
+@contextlib.contextmanager
+def _interpreter_quiet():
+    """Triton's interpreter runs a kernel's arithmetic on numpy arrays, masked-off lanes included (a
+    division by a padded zero, exp of -inf): numpy's RuntimeWarnings about them say nothing about
+    the program. Silenced around interpreted launches only; on a GPU nothing of the kind exists."""
+    with warnings.catch_warnings(), numpy.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
 class Issuing:
     """The issue paths of `launch.Program`, which owns the module, the epoch cell and the streams."""
 
@@ -84,6 +96,10 @@ class Issuing:
 
     def _issue_serialised(self, call):
         """Emulated: the families one after another in dependency order, each in its own launch."""
+        with _interpreter_quiet():
+            self._issue_families(call)
+
+    def _issue_families(self, call):
         self._begin(call)
         for spec in self.module.tds_FAMILIES:
             if spec.name in self.skip:
@@ -123,7 +139,7 @@ class Issuing:
         if captured and call.staged:
             self._enter(call)
         if self.trace:  # the timeline's origin: stamped by the kernel's first program, by the host emulated
-            entry = call.kernel_args["tds_trace_entry"]
+            entry = call.kernel_args["tds_entry_trace"]
             entry.zero_()
             if self.emulated:
                 entry[0, timeline.START] = timeline._host_now()

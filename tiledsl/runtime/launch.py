@@ -49,6 +49,24 @@ def _device_scratch() -> None:
     triton.set_allocator(scratch)
 
 
+@dataclasses.dataclass
+class Resources:
+    """What a program allocates for one set of sizes. The program's own tensors (symm, local, staged)
+    are keyed by their names and nothing else is: the launcher's buffers and tables have fields of
+    their own, so any name the language accepts may name a tensor (`shapes`, `diag`, `sig_x`)."""
+    tensors: dict = dataclasses.field(default_factory=dict)   # name -> buffer (staged: the two by parity)
+    signals: dict = dataclasses.field(default_factory=dict)   # family -> its signal slots
+    counts: dict = dataclasses.field(default_factory=dict)    # family -> instances done per first index
+    orders: dict = dataclasses.field(default_factory=dict)    # family -> its instances in the order they run
+    order_tables: dict = dataclasses.field(default_factory=dict)  # family -> that order, on the device
+    traces: dict = dataclasses.field(default_factory=dict)    # family -> its timeline rows
+    trace_entry: object = None                               # the entry's timeline row
+    barrier: object = None                                   # entry and exit slots of a distributed program
+    blocks: dict = dataclasses.field(default_factory=dict)    # tunable block sizes
+    shapes: dict = dataclasses.field(default_factory=dict)    # every tensor's shape
+    diag: object = None                                      # what a wait that gave up or a guard reports
+
+
 class Program(Issuing):
     """A compiled program bound to a rank. Call it with the caller's tensors (in, out and inout, in
     declaration order, or by name); it returns the out and inout tensors."""
@@ -139,7 +157,7 @@ class Program(Issuing):
         return torch.device("cpu") if self.emulated else torch.device("cuda", torch.cuda.current_device())
 
     # ---- buffers, signals and tables for one set of sizes ---------------------------------------
-    def _resources_for(self, env: dict) -> dict:
+    def _resources_for(self, env: dict) -> Resources:
         key = tuple(sorted((k, v) for k, v in env.items() if k in self.module.tds_PARAMS))
         if key in self._resources:
             return self._resources[key]
@@ -149,51 +167,51 @@ class Program(Issuing):
 
         shapes = self.module.tds_tensor_shapes(env)
         counts = self.module.tds_counts(env)
-        res: dict = {}
+        res = Resources()
         for spec in self.module.tds_TENSORS:
             dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
             if spec.staged:
                 # Staged inputs are written before the entry barrier, while peers may still be reading
                 # the previous call's copy: two buffers, alternating by epoch, keep those apart.
-                res[spec.name] = [self.heap.alloc(shapes[spec.name], dtype) for _ in range(2)]
+                res.tensors[spec.name] = [self.heap.alloc(shapes[spec.name], dtype) for _ in range(2)]
             elif spec.role == "symm":
-                res[spec.name] = self.heap.alloc(shapes[spec.name], dtype)
+                res.tensors[spec.name] = self.heap.alloc(shapes[spec.name], dtype)
             elif spec.role == "local":
                 # zero at first, then what each call leaves there for the next, like symm tensors (the
                 # reference means the same)
-                res[spec.name] = torch.zeros(shapes[spec.name], dtype=dtype, device=self.device)
+                res.tensors[spec.name] = torch.zeros(shapes[spec.name], dtype=dtype, device=self.device)
         for spec in self.module.tds_FAMILIES:
             if spec.counted:
                 # instances done per first index, zeroed at each call (one per instance is room enough)
-                res[f"count_{spec.name}"] = torch.zeros(counts[spec.name], dtype=torch.int32, device=self.device)
+                res.counts[spec.name] = torch.zeros(counts[spec.name], dtype=torch.int32, device=self.device)
             if spec.notify:
                 slots = max(1, counts[spec.name] * spec.split)  # a family may have no instance at this world
                 # NVSHMEM writes 64-bit signals (a put's, a signal from another node); other slots are 32-bit
                 dtype = torch.int64 if spec.engine == "nvshmem" or spec.notify == "world" else torch.int32
-                res[f"sig_{spec.name}"] = self._alloc_signals((self.world, slots), dtype)
+                res.signals[spec.name] = self._alloc_signals((self.world, slots), dtype)
         if self.module.tds_DISTRIBUTED and self.spans_nodes:
             # two levels: one slot per rank of the node, then one per node (an NVSHMEM signal, 64-bit);
             # entry, then exit slots
             levels = self.topology.local_world + self.topology.nodes
-            res["barrier"] = self._alloc_signals((2 * levels,), torch.int64)
+            res.barrier = self._alloc_signals((2 * levels,), torch.int64)
         elif self.module.tds_DISTRIBUTED:
-            res["barrier"] = self._alloc_signals((2 * self.world,), torch.int32)  # entry, then exit slots
+            res.barrier = self._alloc_signals((2 * self.world,), torch.int32)  # entry, then exit slots
         for name, order in self.module.tds_orders(env).items():
-            res[f"order_{name}"] = order
-            res[f"order_table_{name}"] = torch.tensor(order, dtype=torch.int32, device=self.device)
-        res["blocks"] = self.module.tds_blocks(env)
-        res["shapes"] = shapes
-        res["diag"] = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
+            res.orders[name] = order
+            res.order_tables[name] = torch.tensor(order, dtype=torch.int32, device=self.device)
+        res.blocks = self.module.tds_blocks(env)
+        res.shapes = shapes
+        res.diag = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
         for spec in self.module.tds_FAMILIES:  # timeline rows: one per instance part when traced, else one
             rows = counts[spec.name] * spec.split if self.trace else 1
-            res[f"trace_{spec.name}"] = torch.zeros(rows, timeline.FIELDS, dtype=torch.int64, device=self.device)
-        res["trace_entry"] = torch.zeros(1, timeline.FIELDS, dtype=torch.int64, device=self.device)
+            res.traces[spec.name] = torch.zeros(rows, timeline.FIELDS, dtype=torch.int64, device=self.device)
+        res.trace_entry = torch.zeros(1, timeline.FIELDS, dtype=torch.int64, device=self.device)
         if self.trace and not self.emulated and any(f.engine == "copy_engine" for f in self.module.tds_FAMILIES):
             # The copy stream stamps with a small kernel: compile and load it now. Its first launch would
             # load its module, which waits for the device, where the kernel waits for the copies (a hang,
             # seen on H200 in bench_trace at ag_gemm).
             for point in (timeline.START, timeline.WAITED, timeline.END):
-                timeline.stamp[(1,)](res["trace_entry"][0], point)
+                timeline.stamp[(1,)](res.trace_entry[0], point)
             torch.cuda.synchronize(self.device)
         self._resources[key] = res
         return res
@@ -351,8 +369,8 @@ class Program(Issuing):
         copies = template.copies
         if copies:  # copy-engine chunks read and write views of the caller's tensors: made again (host only)
             res = self._resources_for(template.env)  # the template's, already there
-            views = {**tensors, **{spec.name: res[spec.name] for spec in self.module.tds_TENSORS
-                                   if not spec.staged and spec.name in res}}
+            views = {**tensors, **{spec.name: res.tensors[spec.name] for spec in self.module.tds_TENSORS
+                                   if not spec.staged and spec.name in res.tensors}}
             copies = {name: self._copy_ops(spec, template.env, res, views, template.shared)
                       for spec in self.module.tds_FAMILIES if (name := spec.name) in copies}
         return dataclasses.replace(template, kernel_args=args, staged=staged, kernel_replay=kernel_replay,
@@ -389,9 +407,9 @@ class Program(Issuing):
                 shared[spec.name] = tensors[spec.name]
                 in_place.add(spec.name)
             elif spec.staged:
-                shared[spec.name] = res[spec.name][parity]
-            elif spec.name in res:
-                views[spec.name] = res[spec.name]
+                shared[spec.name] = res.tensors[spec.name][parity]
+            elif spec.name in res.tensors:
+                views[spec.name] = res.tensors[spec.name]
         # alone (world 1) no peer reads a staged copy, unless the kernel itself reads the tensor through its
         # peer offsets (which lead to the copy); a copy-engine chunk's own-rank source is the caller's tensor
         through_peers = {a.of for a in self.module.tds_ARGS if a.kind in (Kind.PEERS, Kind.SHMEM)}
@@ -400,10 +418,10 @@ class Program(Issuing):
         barrier = ()
         if self.module.tds_DISTRIBUTED and self.spans_nodes:
             topology = self.topology
-            barrier = (res["barrier"], self._peer_offsets(res["barrier"]),
-                       self._peer_offsets(res["barrier"], shmem=True), self.rank, topology.nodes, topology.local_world)
+            barrier = (res.barrier, self._peer_offsets(res.barrier),
+                       self._peer_offsets(res.barrier, shmem=True), self.rank, topology.nodes, topology.local_world)
         elif self.module.tds_DISTRIBUTED:
-            barrier = (res["barrier"], self._peer_offsets(res["barrier"]), self.rank, self.world)
+            barrier = (res.barrier, self._peer_offsets(res.barrier), self.rank, self.world)
         copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
                   for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
         beside = any(not goes_first(op) for ops in copies.values() for op in ops)
@@ -412,8 +430,8 @@ class Program(Issuing):
         if roles is not None:
             roles.update(tds_ENTER=fold, tds_EXIT=bool(in_place), tds_TRACE=self.trace)
         args = self._kernel_args(env, res, views, shared, barrier)
-        counts = [res[f"count_{spec.name}"] for spec in self.module.tds_FAMILIES if spec.counted]
-        return PreparedCall(env, res["diag"], staged, barrier, args, copies, roles, grid, self._options(env), fold,
+        counts = [res.counts[spec.name] for spec in self.module.tds_FAMILIES if spec.counted]
+        return PreparedCall(env, res.diag, staged, barrier, args, copies, roles, grid, self._options(env), fold,
                             counts, exit=bool(in_place), shared=shared)
 
     def _folds_entry(self, copies, staged, grid) -> bool:
@@ -441,30 +459,30 @@ class Program(Issuing):
         if kind is Kind.PEERS:
             return self._peer_offsets(views[arg.of], shared.get(arg.of))
         if kind is Kind.SIGNALS:
-            return res[f"sig_{arg.of}"]
+            return res.signals[arg.of]
         if kind is Kind.SIGNAL_PEERS:
-            return self._peer_offsets(res[f"sig_{arg.of}"])
+            return self._peer_offsets(res.signals[arg.of])
         if kind is Kind.SHMEM:
             return self._peer_offsets(views[arg.of], shared.get(arg.of), shmem=True)
         if kind is Kind.SIGNAL_SHMEM:
-            return self._peer_offsets(res[f"sig_{arg.of}"], shmem=True)
+            return self._peer_offsets(res.signals[arg.of], shmem=True)
         if kind is Kind.BARRIER_SHMEM:
             return barrier[2]
         if kind is Kind.ORDER:
-            return res[f"order_table_{arg.of}"]
+            return res.order_tables[arg.of]
         if kind is Kind.COUNT:
-            return res[f"count_{arg.of}"]
+            return res.counts[arg.of]
         if kind is Kind.DESCRIPTOR:
             from triton.tools.tensor_descriptor import TensorDescriptor
             return TensorDescriptor.from_tensor(views[arg.of], list(arg.block))
         if kind in (Kind.SIZE, Kind.CONST):
             return env[arg.name]
         if kind is Kind.BLOCK:
-            return res["blocks"][arg.name]
+            return res.blocks[arg.name]
         if kind is Kind.EPOCH_CELL:
             return self._epoch_cell
         if kind is Kind.DIAG:
-            return res["diag"]
+            return res.diag
         if kind is Kind.MAX_SPINS:
             return self.max_spins
         if kind is Kind.BARRIER:
@@ -472,7 +490,7 @@ class Program(Issuing):
         if kind is Kind.BARRIER_PEERS:
             return barrier[1]
         if kind is Kind.TRACE:
-            return res[f"trace_{arg.of or 'entry'}"]
+            return res.traces[arg.of] if arg.of else res.trace_entry
         raise LaunchError(f"no value for kernel argument {arg.name} of kind {kind}")
 
     def _roles(self, env, only: str | None = None, copies_beside: bool = False) -> tuple[dict, int]:
@@ -559,7 +577,7 @@ class Program(Issuing):
                 return views[name]
             return self.heap.peer(shared.get(name, views[name]), owner)
 
-        signals = res.get(f"sig_{spec.name}")
+        signals = res.signals.get(spec.name)
         # a waiter on this rank (a local edge) reads this rank's slot; one elsewhere, its own copy (of
         # this node: the checker refuses a wait on a copy-engine chunk from another node)
         node = [r for r in range(self.world) if self.topology.same_node(self.rank, r)]
@@ -569,14 +587,14 @@ class Program(Issuing):
         waits_of = getattr(self.module, f"tds_waits_{spec.name}", None)
         count = self.module.tds_counts(env)[spec.name]
         ops = []
-        for instance in res[f"order_{spec.name}"]:
+        for instance in res.orders[spec.name]:
             touched.clear()
             source, target = view_of(env, tensor, instance)
             local = all(owner is None or owner == self.rank for owner in touched)
             slot = self.rank * spec.split * count + instance * spec.split
             copies = [(self._signal_view(signals, r), slot) for r in ranks]
-            row = res[f"trace_{spec.name}"][instance * spec.split] if self.trace else None
-            waits = [(res[f"count_{producer}"], index, expected, edge)
+            row = res.traces[spec.name][instance * spec.split] if self.trace else None
+            waits = [(res.counts[producer], index, expected, edge)
                      for producer, index, expected, edge in (waits_of(env, instance) if waits_of else [])
                      if producer not in self.skip or self.emulated]
             if not self.emulated:
@@ -585,10 +603,10 @@ class Program(Issuing):
             ops.append(CopyOp(target, source, copies, waits, row, local))
         return ops
 
-    def _guard_error(self, res: dict, diag, site: int) -> Exception:
+    def _guard_error(self, res: Resources, diag, site: int) -> Exception:
         """The error a guard site reported: a count above its cap, or an index out of its range."""
         kind, tensor, target, declared = self.module.tds_GUARDS[site]
-        shape = res["shapes"][tensor]
+        shape = res.shapes[tensor]
         rank, element = int(diag[sync.DIAG_RANK]), guards.unflatten(int(diag[sync.DIAG_INSTANCE]), shape)
         bound, value = int(diag[sync.DIAG_EXPECTED]), int(diag[sync.DIAG_SEEN])
         if kind == guards.CAPACITY:
@@ -602,7 +620,7 @@ class Program(Issuing):
         res = next(reversed(self._resources.values()))
         if not self.emulated:
             torch.cuda.synchronize(self.device)
-        return {name[6:]: value for name, value in res.items() if name.startswith("trace_")}
+        return {**res.traces, "entry": res.trace_entry}
 
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)
@@ -633,8 +651,8 @@ class Program(Issuing):
         if self.heap is not None:
             self.heap.barrier()
         for res in self._resources.values():
-            for name, value in res.items():
-                if name.startswith(("sig_", "count_")) or name in ("barrier", "diag"):
+            for value in [*res.signals.values(), *res.counts.values(), res.barrier, res.diag]:
+                if value is not None:
                     value.zero_()
         if self._epoch_cell is not None:
             self._epoch_cell.zero_()
@@ -649,9 +667,9 @@ class Program(Issuing):
     def check(self) -> None:
         """Wait for this rank's work and raise ScheduleTimeout if a wait gave up."""
         for res in self._resources.values():
-            diag = res["diag"].cpu().clone()  # on a CPU, .cpu() is the buffer itself, zeroed below
+            diag = res.diag.cpu().clone()  # on a CPU, .cpu() is the buffer itself, zeroed below
             if int(diag[sync.DIAG_FLAG]):
-                res["diag"].zero_()
+                res.diag.zero_()
                 edge = int(diag[sync.DIAG_EDGE])
                 if edge <= sync.GUARD_EDGE:
                     raise self._guard_error(res, diag, sync.GUARD_EDGE - edge)

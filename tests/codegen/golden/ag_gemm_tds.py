@@ -48,8 +48,8 @@ def tds_tile_mm(tds_program, tds_programs, C, tds_sig_gather, tds_order_mm, tds_
 @triton.jit(do_not_specialize=["rank", "tds_max_spins"])
 def tds_kernel(A, tds_peers_A, B, C, A_all, tds_sig_gather, tds_order_mm, tds_desc_mm_a, tds_desc_mm_b,
                tds_desc_mm_c, M, K, N, rank, world, tds_epoch_cell, tds_diag, tds_max_spins, tds_barrier,
-               tds_peers_barrier, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, tds_trace_mm,
-               tds_trace_entry, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
+               tds_barrier_peers, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, tds_trace_mm,
+               tds_entry_trace, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
                tds_RUN_mm: tl.constexpr, tds_START_mm: tl.constexpr, tds_PROGRAMS_mm: tl.constexpr):
     """Roles by program id: each family runs on programs START .. START+PROGRAMS-1; families that
     share programs run one after another in the family sequence, so no program ever waits on work
@@ -66,7 +66,7 @@ def tds_kernel(A, tds_peers_A, B, C, A_all, tds_sig_gather, tds_order_mm, tds_de
         tds_epoch = tl.load(tds_epoch_cell) + 1
         if tds_pid == 0:
             for tds_r in range(0, world):
-                tds_sync.notify(tds_barrier + tl.load(tds_peers_barrier + tds_r) + rank, tds_epoch)
+                tds_sync.notify(tds_barrier + tl.load(tds_barrier_peers + tds_r) + rank, tds_epoch)
         for tds_r in range(0, world):
             tds_sync.wait(tds_barrier + tds_r, tds_epoch, diag=tds_diag, max_spins=tds_max_spins, rank=rank,
                           edge=-1, instance=tds_r)
@@ -74,8 +74,8 @@ def tds_kernel(A, tds_peers_A, B, C, A_all, tds_sig_gather, tds_order_mm, tds_de
         tds_epoch = tl.load(tds_epoch_cell)
     if tds_TRACE:
         if tds_pid == 0:
-            if tl.load(tds_trace_entry) == 0:  # every rank's timeline counts from here
-                tds_timeline.record(tds_trace_entry, 0)
+            if tl.load(tds_entry_trace) == 0:  # every rank's timeline counts from here
+                tds_timeline.record(tds_entry_trace, 0)
     if tds_RUN_mm:
         if (tds_pid >= tds_START_mm) & (tds_pid < tds_START_mm + tds_PROGRAMS_mm):
             tds_tile_mm(tds_pid - tds_START_mm, tds_PROGRAMS_mm, C, tds_sig_gather, tds_order_mm,
@@ -85,7 +85,7 @@ def tds_kernel(A, tds_peers_A, B, C, A_all, tds_sig_gather, tds_order_mm, tds_de
         if tds_sync.last_to_finish(tds_epoch_cell + 1):
             if tds_EXIT:  # peers read this rank's inputs where they are: return only once every rank is done
                 for tds_r in range(0, world):
-                    tds_sync.notify(tds_barrier + world + tl.load(tds_peers_barrier + tds_r) + rank, tds_epoch)
+                    tds_sync.notify(tds_barrier + world + tl.load(tds_barrier_peers + tds_r) + rank, tds_epoch)
                 for tds_r in range(0, world):
                     tds_sync.wait(tds_barrier + world + tds_r, tds_epoch, diag=tds_diag, max_spins=tds_max_spins,
                                   rank=rank, edge=-2, instance=tds_r)
@@ -117,12 +117,12 @@ tds_ARGS = (
     tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
     tds_launch.Arg('tds_max_spins', 'max_spins'),
     tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
-    tds_launch.Arg('tds_peers_barrier', 'barrier_peers', dtype='int64'),
+    tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
     tds_launch.Arg('BM', 'const'),
     tds_launch.Arg('BN', 'const'),
     tds_launch.Arg('BK', 'const'),
     tds_launch.Arg('tds_trace_mm', 'trace', of='mm', dtype='int64'),
-    tds_launch.Arg('tds_trace_entry', 'trace', dtype='int64'),
+    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
     tds_launch.Arg('tds_ENTER', 'role'),
     tds_launch.Arg('tds_EXIT', 'role'),
     tds_launch.Arg('tds_TRACE', 'role'),

@@ -33,7 +33,7 @@ def tds_tile_cp(tds_program, tds_programs, X, Y, N, BLOCK: tl.constexpr, tds_tra
 # would give each rank its own compile.
 @triton.jit(do_not_specialize=["rank", "tds_max_spins"])
 def tds_kernel(X, Y, N, rank, world, tds_epoch_cell, tds_diag, tds_max_spins, BLOCK: tl.constexpr,
-               tds_trace_cp, tds_trace_entry, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr,
+               tds_trace_cp, tds_entry_trace, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr,
                tds_TRACE: tl.constexpr, tds_RUN_cp: tl.constexpr, tds_START_cp: tl.constexpr,
                tds_PROGRAMS_cp: tl.constexpr):
     """Roles by program id: each family runs on programs START .. START+PROGRAMS-1; families that
@@ -52,8 +52,8 @@ def tds_kernel(X, Y, N, rank, world, tds_epoch_cell, tds_diag, tds_max_spins, BL
         tds_epoch = tl.load(tds_epoch_cell)
     if tds_TRACE:
         if tds_pid == 0:
-            if tl.load(tds_trace_entry) == 0:  # every rank's timeline counts from here
-                tds_timeline.record(tds_trace_entry, 0)
+            if tl.load(tds_entry_trace) == 0:  # every rank's timeline counts from here
+                tds_timeline.record(tds_entry_trace, 0)
     if tds_RUN_cp:
         if (tds_pid >= tds_START_cp) & (tds_pid < tds_START_cp + tds_PROGRAMS_cp):
             tds_tile_cp(tds_pid - tds_START_cp, tds_PROGRAMS_cp, X, Y, N, BLOCK, tds_trace_cp, tds_TRACE)
@@ -78,7 +78,7 @@ tds_ARGS = (
     tds_launch.Arg('tds_max_spins', 'max_spins'),
     tds_launch.Arg('BLOCK', 'const'),
     tds_launch.Arg('tds_trace_cp', 'trace', of='cp', dtype='int64'),
-    tds_launch.Arg('tds_trace_entry', 'trace', dtype='int64'),
+    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
     tds_launch.Arg('tds_ENTER', 'role'),
     tds_launch.Arg('tds_EXIT', 'role'),
     tds_launch.Arg('tds_TRACE', 'role'),

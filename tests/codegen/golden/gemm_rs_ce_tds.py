@@ -73,10 +73,10 @@ def tds_tile_red(tds_program, tds_programs, C, P, tds_sig_send, M, N, rank, worl
 # replayed from a CUDA graph. Specialising on the rank or the spin bound (value 1, divisible by 16)
 # would give each rank its own compile.
 @triton.jit(do_not_specialize=["rank", "tds_max_spins"])
-def tds_kernel(A, B, C, W, P, tds_peers_P, tds_sig_send, tds_peers_sig_send, tds_order_mm, tds_count_mm,
+def tds_kernel(A, B, C, W, P, tds_peers_P, tds_sig_send, tds_sigpeers_send, tds_order_mm, tds_count_mm,
                tds_desc_mm_a, tds_desc_mm_b, tds_desc_mm_c, M, K, N, rank, world, tds_epoch_cell, tds_diag,
-               tds_max_spins, tds_barrier, tds_peers_barrier, BM: tl.constexpr, BN: tl.constexpr,
-               BR: tl.constexpr, BK: tl.constexpr, tds_trace_mm, tds_trace_red, tds_trace_entry,
+               tds_max_spins, tds_barrier, tds_barrier_peers, BM: tl.constexpr, BN: tl.constexpr,
+               BR: tl.constexpr, BK: tl.constexpr, tds_trace_mm, tds_trace_red, tds_entry_trace,
                tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
                tds_RUN_mm: tl.constexpr, tds_START_mm: tl.constexpr, tds_PROGRAMS_mm: tl.constexpr,
                tds_RUN_red: tl.constexpr, tds_START_red: tl.constexpr, tds_PROGRAMS_red: tl.constexpr):
@@ -95,7 +95,7 @@ def tds_kernel(A, B, C, W, P, tds_peers_P, tds_sig_send, tds_peers_sig_send, tds
         tds_epoch = tl.load(tds_epoch_cell) + 1
         if tds_pid == 0:
             for tds_r in range(0, world):
-                tds_sync.notify(tds_barrier + tl.load(tds_peers_barrier + tds_r) + rank, tds_epoch)
+                tds_sync.notify(tds_barrier + tl.load(tds_barrier_peers + tds_r) + rank, tds_epoch)
         for tds_r in range(0, world):
             tds_sync.wait(tds_barrier + tds_r, tds_epoch, diag=tds_diag, max_spins=tds_max_spins, rank=rank,
                           edge=-1, instance=tds_r)
@@ -103,8 +103,8 @@ def tds_kernel(A, B, C, W, P, tds_peers_P, tds_sig_send, tds_peers_sig_send, tds
         tds_epoch = tl.load(tds_epoch_cell)
     if tds_TRACE:
         if tds_pid == 0:
-            if tl.load(tds_trace_entry) == 0:  # every rank's timeline counts from here
-                tds_timeline.record(tds_trace_entry, 0)
+            if tl.load(tds_entry_trace) == 0:  # every rank's timeline counts from here
+                tds_timeline.record(tds_entry_trace, 0)
     if tds_RUN_mm:
         if (tds_pid >= tds_START_mm) & (tds_pid < tds_START_mm + tds_PROGRAMS_mm):
             tds_tile_mm(tds_pid - tds_START_mm, tds_PROGRAMS_mm, W, tds_order_mm, tds_count_mm, tds_desc_mm_a,
@@ -117,7 +117,7 @@ def tds_kernel(A, B, C, W, P, tds_peers_P, tds_sig_send, tds_peers_sig_send, tds
         if tds_sync.last_to_finish(tds_epoch_cell + 1):
             if tds_EXIT:  # peers read this rank's inputs where they are: return only once every rank is done
                 for tds_r in range(0, world):
-                    tds_sync.notify(tds_barrier + world + tl.load(tds_peers_barrier + tds_r) + rank, tds_epoch)
+                    tds_sync.notify(tds_barrier + world + tl.load(tds_barrier_peers + tds_r) + rank, tds_epoch)
                 for tds_r in range(0, world):
                     tds_sync.wait(tds_barrier + world + tds_r, tds_epoch, diag=tds_diag, max_spins=tds_max_spins,
                                   rank=rank, edge=-2, instance=tds_r)
@@ -137,7 +137,7 @@ tds_ARGS = (
     tds_launch.Arg('P', 'tensor', of='P', dtype='bfloat16'),
     tds_launch.Arg('tds_peers_P', 'peers', of='P', dtype='int64'),
     tds_launch.Arg('tds_sig_send', 'signals', of='send', dtype='int32'),
-    tds_launch.Arg('tds_peers_sig_send', 'signal_peers', of='send', dtype='int64'),
+    tds_launch.Arg('tds_sigpeers_send', 'signal_peers', of='send', dtype='int64'),
     tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
     tds_launch.Arg('tds_count_mm', 'count', of='mm', dtype='int32'),
     tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A', dtype='bfloat16', block=(128, 64)),
@@ -152,14 +152,14 @@ tds_ARGS = (
     tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
     tds_launch.Arg('tds_max_spins', 'max_spins'),
     tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
-    tds_launch.Arg('tds_peers_barrier', 'barrier_peers', dtype='int64'),
+    tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
     tds_launch.Arg('BM', 'const'),
     tds_launch.Arg('BN', 'const'),
     tds_launch.Arg('BR', 'const'),
     tds_launch.Arg('BK', 'const'),
     tds_launch.Arg('tds_trace_mm', 'trace', of='mm', dtype='int64'),
     tds_launch.Arg('tds_trace_red', 'trace', of='red', dtype='int64'),
-    tds_launch.Arg('tds_trace_entry', 'trace', dtype='int64'),
+    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
     tds_launch.Arg('tds_ENTER', 'role'),
     tds_launch.Arg('tds_EXIT', 'role'),
     tds_launch.Arg('tds_TRACE', 'role'),
