@@ -45,7 +45,9 @@ def job(schedule, source: str, world: int, sizes: dict, seed: int = 0) -> Job:
 
 def run_batch(jobs: list[Job], world: int, wait_timeout_s: float = 2.0) -> list[list[Verdict] | str]:
     """Per job: a verdict per output and call, or the error that stopped it (with the rank)."""
-    payload = [(j.source, j.shapes, j.inputs) for j in jobs]
+    # numpy arrays travel by value: torch tensors would take a file descriptor each
+    payload = [(j.source, j.shapes, [[{k: as_numpy(t) for k, t in rank.items()} for rank in call] for call in j.inputs])
+               for j in jobs]
     # every wait is bounded, so a rank ends; the bound here only catches a crashed rank process
     results = run_ranks(_run_programs, world, payload, wait_timeout_s,
                         timeout_s=120 + len(jobs) * CALLS * (wait_timeout_s * 3 + 10))
@@ -110,7 +112,7 @@ def _run_programs(heap, payload, wait_timeout_s):
                 if spec.role == "out":
                     args[spec.name] = torch.full(shapes[heap.rank][spec.name], poison(dtype), dtype=dtype)
                 else:
-                    args[spec.name] = given[heap.rank][spec.name].clone()
+                    args[spec.name] = torch.from_numpy(given[heap.rank][spec.name]).to(dtype)
             try:
                 program(**args)
             except Exception as failure:  # noqa: BLE001
