@@ -34,7 +34,7 @@ INTERNAL = ["acc", "pid", "shapes", "blocks", "diag", "barrier", "sig_x", "sig_m
             "chunk_x", "np", "sympy", "args", "kwargs", "ready", "signals", "sizes", "consts", "module", "kernel",
             "launch", "x_ptr", "BLOCK", "world_size", "i_0", "dtype", "device", "cast", "store", "load", "dot",
             "where", "exp", "sig_ready", "flags", "num_programs", "peer_ptr", "base", "numel", "shape", "order"]
-LAUNCHER = {"shapes", "blocks", "diag", "barrier", "sig_x", "sig_mm", "sig_ready", "signals", "flags", "heap"}
+LAUNCHER = {"shapes", "blocks", "diag", "barrier", "sig_x", "sig_mm", "sig_ready"}  # issue 24 item 9
 # names the language reserves (Python keywords, the generated code's modules, `tds_`): refused with a line
 RESERVED = ["tds_x", "tds_acc", "tl", "triton", "torch", "lambda", "None", "def", "range", "float", "__x"]
 PLAIN_TENSORS = ["X", "W", "V", "Xb", "R", "S", "Wt", "U", "H"]
@@ -306,6 +306,8 @@ class Body:
     def store(self, dims: list[str], block: Block, value: Value, upto: str = "") -> str:
         dtype = self.dtype() if self.chance(0.6) else ("f32" if value.kind != "int" else "i32")
         out = self.tensor(self.pick(["out"] * 4 + ["inout"]), dims, dtype, upto)
+        if dtype == "f64":
+            self.tags.add("f64-output")
         if dtype in NARROW or (value.kind == "float" and dtype in INTS):
             clamp = NARROW.get(dtype, 1000)
             low = 0 if dtype == "u8" else -clamp
@@ -349,6 +351,8 @@ class Body:
         batched = self.chance(0.25)
         bm, bn = self.const(self.pick([16, 32])), self.const(self.pick([16, 32]))
         dtype = self.dtype(floating=True)
+        if dtype == "f64":
+            self.tags.add("f64-product")
         lead = [self.extent()] if batched else []
         a = self.tensor("in", lead + [m, k], dtype)
         b = self.tensor("in", lead + [k, n], dtype)
