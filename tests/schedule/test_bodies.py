@@ -226,6 +226,21 @@ def test_known_bug_is_still_there(tag, request):
     assert not failures, "\n\n".join(f.render() for f in failures)
 
 
+@pytest.mark.parametrize("name", ["None", "lambda", "tds_acc", "tl"])
+def test_a_block_name_python_cannot_bind_is_refused_with_its_line(name):
+    # seed 291 bound a local named None: check passed and the module was a SyntaxError
+    source = ("program p\nparam P\nin S : f32[P]\nout H : f32[P]\ntile t[i in cdiv(P, 4)]:\n"
+              f"    {name} = S[i*4 : +4]\n    H[i*4 : +4] = {name} * 2.0\n")
+    with pytest.raises(TdsError) as refusal:
+        pipeline.run(source, until="check")
+    assert [d.span.line for d in refusal.value.diagnostics if d.severity == "error"][:1] == [6]
+    loop = source.replace(f"    {name} = S[i*4 : +4]\n    H[i*4 : +4] = {name} * 2.0",
+                          f"    x = S[i*4 : +4]\n    for {name} in 2:\n        x = x * 2.0\n    H[i*4 : +4] = x")
+    with pytest.raises(TdsError) as refusal:
+        pipeline.run(loop, until="check")
+    assert [d.span.line for d in refusal.value.diagnostics if d.severity == "error"][:1] == [7]
+
+
 def test_the_generator_is_deterministic_and_reaches_every_feature():
     programs = [gen_bodies.generate(seed) for seed in range(300)]
     assert [p.source for p in programs[:20]] == [gen_bodies.generate(s).source for s in range(20)]
