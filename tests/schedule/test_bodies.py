@@ -216,9 +216,24 @@ in X : f32[2, N, 4]
 out Y : f32[2, N, 4]
 tile t[i in cdiv(N, 2)]: Y[:, i*2 : +2, :] = X[:, i*2 : +2, :] * 2.0
 """,
+    "resource-name": """\
+program res
+param N
+in shapes : f32[N]
+out Y : f32[N]
+tile t[i in cdiv(N, 4)]: Y[i*4 : +4] = shapes[i*4 : +4] * 2.0
+""",
+    "f64-output": """\
+program f64
+param N
+in X : f64[N]
+out Y : f64[N]
+tile t[i in cdiv(N, 4)]: Y[i*4 : +4] = X[i*4 : +4] * 3.0 + 1.0
+""",
 }
 
 
+@pytest.mark.emulated
 @pytest.mark.parametrize("tag", sorted(REPRODUCERS))
 def test_known_bug_is_still_there(tag, request):
     request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN[tag]))
