@@ -111,3 +111,11 @@ def test_a_peer_reads_a_symm_tensor_as_its_owner_wrote_it_in_this_call():
     out = reference.run([{"A": a[rank], "B": b[rank]} for rank in range(2)])
     assert [out[rank]["Q"].tolist() for rank in range(2)] == [[[11]], [[83]]]
     assert [out[rank]["C"].tolist() for rank in range(2)] == [[[94]], [[94]]]
+
+
+def test_a_float_stored_into_an_integer_tensor_converts_toward_zero_as_the_kernel_does():
+    # found by tests/schedule/test_bodies.py (seed 2): the reference kept 0.62 where the kernel stored 0
+    source = ("program trunc\nparam N\nin X : f32[N]\nout Y : i32[N]\n"
+              "tile t[i in cdiv(N, 2)]: Y[i*2 : +2] = X[i*2 : +2] * 0.5\n")
+    out = Reference(run(source, until="check").schedule, 1, {"N": 4}).run([{"X": tensor(1.25, -3, 7, 0.5)}])
+    assert out[0]["Y"].tolist() == [0, -1, 3, 0]

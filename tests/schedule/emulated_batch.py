@@ -10,7 +10,7 @@ import torch
 
 from tiledsl.runtime.emulate import run_ranks
 from tiledsl.runtime.reference import Reference
-from tiledsl.runtime.run_program import EMULATED_DTYPES, Verdict, compare, make_inputs, written_ranks
+from tiledsl.runtime.run_program import EMULATED_DTYPES, Verdict, as_numpy, compare, make_inputs, poison, valid_rows, written_ranks
 
 CALLS = 2  # calls per program, each on fresh inputs
 
@@ -26,6 +26,7 @@ class Job:
     dtypes: dict[str, str]  # of the outputs, as emulated
     compared: dict[str, list[int]]  # per output, the ranks whose copy some instance writes (the others
     # keep what the caller passed: NaN here); every rank for inout tensors
+    upto: dict[str, str] = None     # per output declared `upto count`: count (elements past it are unspecified)
 
 
 def job(schedule, source: str, world: int, sizes: dict, seed: int = 0) -> Job:
@@ -37,13 +38,16 @@ def job(schedule, source: str, world: int, sizes: dict, seed: int = 0) -> Job:
     written = written_ranks(schedule, world, sizes, {})
     compared = {n: [r for r in range(world) if r in written[n] or schedule.tensors[n].role.value == "inout"]
                 for n in outputs}
+    upto = {n: schedule.tensors[n].upto for n in outputs if schedule.tensors[n].upto is not None}
     return Job(source, [reference.shapes(rank) for rank in range(world)], inputs, expected, outputs, dtypes,
-               compared)
+               compared, upto)
 
 
 def run_batch(jobs: list[Job], world: int, wait_timeout_s: float = 2.0) -> list[list[Verdict] | str]:
     """Per job: a verdict per output and call, or the error that stopped it (with the rank)."""
-    payload = [(j.source, j.shapes, j.inputs) for j in jobs]
+    # numpy arrays travel by value: torch tensors would take a file descriptor each
+    payload = [(j.source, j.shapes, [[{k: as_numpy(t) for k, t in rank.items()} for rank in call] for call in j.inputs])
+               for j in jobs]
     # every wait is bounded, so a rank ends; the bound here only catches a crashed rank process
     results = run_ranks(_run_programs, world, payload, wait_timeout_s,
                         timeout_s=120 + len(jobs) * CALLS * (wait_timeout_s * 3 + 10))
@@ -58,7 +62,7 @@ def run_batch(jobs: list[Job], world: int, wait_timeout_s: float = 2.0) -> list[
             for name in j.outputs:
                 ranks = j.compared[name]
                 touched = [rank for rank in range(world) if rank not in ranks
-                           and not torch.isnan(torch.from_numpy(results[rank][n][call][name]).double()).all()]
+                           and not _untouched(torch.from_numpy(results[rank][n][call][name]))]
                 if touched:  # written on a rank where no instance writes it
                     found.append(Verdict(name, False, float("inf"), f", call {call + 1}; written on rank {touched[0]}, "
                                                                     "where no instance writes it"))
@@ -67,12 +71,23 @@ def run_batch(jobs: list[Job], world: int, wait_timeout_s: float = 2.0) -> list[
                     continue
                 got = [torch.from_numpy(results[rank][n][call][name]) for rank in ranks]
                 want = [j.expected[call][rank][name] for rank in ranks]
+                if j.upto and name in j.upto:  # compared below the count only, as `tiledsl run` does
+                    valid = [valid_rows(w.shape, j.expected[call][rank][j.upto[name]]) for w, rank in zip(want, ranks)]
+                    got = [torch.where(v, g.double(), 0.0) for g, v in zip(got, valid)]
+                    want = [torch.where(v, w, 0.0) for w, v in zip(want, valid)]
                 verdict = compare(name, got, want, j.dtypes[name], f", call {call + 1}")
                 if not torch.isfinite(torch.cat([g.double().flatten() for g in got])).all():
                     verdict.ok = False  # NaN (never written) or Inf: a failure whatever the tolerance says
                 found.append(verdict)
         verdicts.append(found)
     return verdicts
+
+
+def _untouched(tensor: torch.Tensor) -> bool:
+    """Whether an output still holds the poison it was passed (NaN, or an integer type's least value)."""
+    if tensor.is_floating_point():
+        return bool(torch.isnan(tensor.double()).all())
+    return bool((tensor == poison(tensor.dtype)).all())
 
 
 def _run_programs(heap, payload, wait_timeout_s):
@@ -95,16 +110,16 @@ def _run_programs(heap, payload, wait_timeout_s):
             for spec in program.callers:
                 dtype = override.get(spec.dtype, getattr(torch, spec.dtype))
                 if spec.role == "out":
-                    args[spec.name] = torch.full(shapes[heap.rank][spec.name], float("nan"), dtype=dtype)
+                    args[spec.name] = torch.full(shapes[heap.rank][spec.name], poison(dtype), dtype=dtype)
                 else:
-                    args[spec.name] = given[heap.rank][spec.name].clone()
+                    args[spec.name] = torch.from_numpy(given[heap.rank][spec.name]).to(dtype)
             try:
                 program(**args)
             except Exception as failure:  # noqa: BLE001
                 error = f"{type(failure).__name__}: {failure}"
                 for rank in range(heap.world):
                     heap.peer(failed, rank)[number] = 1
-            outputs.append({s.name: args[s.name].numpy().copy() for s in program.callers
+            outputs.append({s.name: as_numpy(args[s.name]) for s in program.callers
                             if s.role in ("out", "inout")})
             heap.barrier()
             if int(failed[number]):

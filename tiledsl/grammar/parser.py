@@ -66,16 +66,22 @@ RESERVED = {"rank", "world", "node", "nodes", "local_rank", "local_world", "rest
             "range", "sorted", "wait", "inf", "float"}
 
 
+def identifier_problem(name: str) -> str | None:
+    """Why a name cannot be bound (it ends up in generated Python), or None."""
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return f"'{name}' is a Python keyword and cannot name anything here"
+    if name.startswith("__") or name.lower().startswith("tds_"):
+        return f"'{name}' is reserved (names may not start with '__' or 'tds_')"
+    if name in {"tl", "triton", "torch"}:
+        return f"'{name}' is reserved for the generated code"
+    return None
+
+
 def check_identifier(token: Token) -> None:
     """Names end up in generated Python: refuse what Python or Triton would read otherwise."""
-    name = str(token)
-    span = _tok_span(token)
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
-        raise TdsError([error(f"'{name}' is a Python keyword and cannot name anything here", span)])
-    if name.startswith("__") or name.lower().startswith("tds_"):
-        raise TdsError([error(f"'{name}' is reserved (names may not start with '__' or 'tds_')", span)])
-    if name in {"tl", "triton", "torch"}:
-        raise TdsError([error(f"'{name}' is reserved for the generated code", span)])
+    problem = identifier_problem(str(token))
+    if problem is not None:
+        raise TdsError([error(problem, _tok_span(token))])
 
 
 @v_args(meta=True)

@@ -275,7 +275,8 @@ class Reference:
         value = self.value(store.value, env, rank, names)
         tensor = self.schedule.tensors[store.target.tensor]
         dtype = getattr(torch, self.dtype_map.get(tensor.dtype, tensor.dtype))
-        value = value.to(dtype).double() if dtype.is_floating_point else value
+        # a float stored into an integer tensor converts as a cast does (toward zero), as the kernel's store does
+        value = value.to(dtype).double() if dtype.is_floating_point or value.is_floating_point() else value
         if store.target.rows is not None:
             self.scatter(store.target, env, rank, value)
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sympy
 
 from tiledsl.grammar import ast
+from tiledsl.grammar.parser import identifier_problem
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import INTEGER, integral, same, shape_text
 
@@ -142,6 +143,10 @@ class TileBody:
         return bool(probe.is_nonnegative)
 
     def bindable(self, name: ast.Name) -> bool:
+        problem = identifier_problem(name.id)  # a block's names are Python names in the kernel
+        if problem is not None:
+            self.b.fail(problem, name.span)
+            return False
         if name.id in self.b.sizes or name.id in ("rank", "inf") or name.id in self.b.declared:
             what = "a tensor" if name.id in self.b.tensors else "a size" if name.id in self.b.sizes else \
                 "built in" if name.id in ("rank", "inf") else "declared in the program"
@@ -184,6 +189,9 @@ class TileBody:
         """A loop and the state it carries, its body built by `build(statements, out)`."""
         extent = self.b.size(statement.extent, self.scope)
         name = statement.var.id
+        if identifier_problem(name) is not None:
+            self.b.fail(identifier_problem(name), statement.var.span)
+            return None
         if self.scope.lookup(name) is not None or name in self.v.locals or name in self.b.tensors:
             self.b.fail(f"loop variable '{name}' shadows another name", statement.var.span)
             return None
