@@ -49,19 +49,7 @@ def _first_line(refusal: TdsError) -> str:
     return re.sub(r"'[^']*'", "'_'", re.sub(r"\d+", "#", first.message))[:110]
 
 # tag -> why programs with it are left out of the main test (the bug, and who fixes it)
-KNOWN: dict[str, str] = {
-    "product-broadcast-epilogue": "a product followed by a broadcast operand (`A @ B + bias[j*BN : +BN]`) ends in "
-                                  "ValueError at render.py (issue 24 item 1: the broadcast-epilogue helper)",
-    "unused-param": "a param no tensor shape names passes check; build raises LoweringError 'cannot infer P from "
-                    "the shapes of the caller's tensors' (the LoweringErrors helper)",
-    "block-3d": "a tile whose block keeps 3 dimensions passes check; build raises LoweringError 'blocks of 3 "
-                "dimensions are not supported' (the LoweringErrors helper)",
-    "f64-output": "f64 is accepted and computed in f32: an f64 output misses f64's tolerance "
-                  "(issue 24 item 3: the f64 helper)",
-    "f64-product": "f64 products write nothing and fail the sm_90 compile (issue 24 item 3: the f64 helper)",
-    "resource-name": "a tensor named like a launcher resource (shapes, blocks, diag, barrier, sig_x) "
-                     "(issue 24 item 9: the resource-names helper)",
-}
+KNOWN: dict[str, str] = {}  # none today: the six families found first were fixed (REPRODUCERS below)
 
 
 @dataclass
@@ -190,7 +178,9 @@ def test_generated_bodies_build_run_and_match_or_are_refused_with_a_line(first, 
                     + "\n\n".join(f.render() for f in failures), pytrace=False)
 
 
-# the smallest program of each known family, found by the generator and cut down by hand
+# the smallest program of each family the generator found broken first, cut down by hand; each now
+# builds and matches or is refused at its line (issue 24: broadcast epilogues, one emission rule, f64
+# refused at its declaration, any identifier as a tensor name)
 REPRODUCERS = {
     "product-broadcast-epilogue": """\
 program bias
@@ -235,10 +225,12 @@ tile t[i in cdiv(N, 4)]: Y[i*4 : +4] = X[i*4 : +4] * 3.0 + 1.0
 
 @pytest.mark.emulated
 @pytest.mark.parametrize("tag", sorted(REPRODUCERS))
-def test_known_bug_is_still_there(tag, request):
-    request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN[tag]))
-    failures = judge([Generated(REPRODUCERS[tag], None, f"reproducer of {tag}")], emulate_every=1, compiles=0)
+def test_a_family_found_broken_stays_fixed(tag):
+    stats = collections.Counter()
+    failures = judge([Generated(REPRODUCERS[tag], None, f"reproducer of {tag}")], emulate_every=1, compiles=0,
+                     stats=stats)
     assert not failures, "\n\n".join(f.render() for f in failures)
+    assert stats["refused"] + stats["accepted"] == 1
 
 
 @pytest.mark.parametrize("name", ["None", "lambda", "tds_acc", "tl"])
