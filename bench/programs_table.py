@@ -226,6 +226,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "table":
         text = table(Path(args.folder), *(Path(p) for p in args.earlier if Path(p).parent != Path(args.folder)))
+        Path(args.folder).mkdir(parents=True, exist_ok=True)
         (Path(args.folder) / "programs_table.md").write_text(text + "\n")
         print(text)
         return 0
