@@ -100,7 +100,7 @@ REFUSED = {
     # every rank sends only after receiving from the one before it: a cycle around the ring
     "halo_deadlock": (13, 15, ["deadlock", "cycle", "send[0]@rank0", "recv[0]@rank1"]),
     # a peer's staging buffer read with no edge to the tile that writes it
-    "stage_race": (11, 70, ["race", "'take'", "'stage'", "S"]),
+    "stage_race": (11, 70, ["race", "'take'", "'stage'", "S", "add an edge: take[s, i] after stage[i] @ s"]),
 }
 
 
