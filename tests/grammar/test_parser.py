@@ -1,5 +1,6 @@
 """The parser: every program in programs/ parses, and each common mistake gets its own message at the
 line and column of the culprit."""
+import re
 from pathlib import Path
 
 import pytest
@@ -183,12 +184,15 @@ def test_edge_with_at_before_after():
     assert at(diagnostic) == (6, 7)
 
 
-@pytest.mark.parametrize("rank, operator", [("(rank + 1) mod world", " mod "), ("rank + 1", " + ")])
-def test_rank_expression_after_at_needs_brackets(rank, operator):
-    line = f"red[i] after mm[i] @ {rank}"
-    diagnostic, _ = first_error(HEAD + line + "\n")
-    assert diagnostic.message == "the rank after '@' is a name, a number or an expression in brackets"
-    assert at(diagnostic) == (6, line.index(operator) + 2)
+@pytest.mark.parametrize("rank, bracketed", [("(rank - 1) mod world", "((rank - 1) mod world)"),
+                                              ("rank + 1", "(rank + 1)"), ("2 * s mod world", "((2 * s) mod world)")])
+def test_rank_after_at_is_a_whole_expression(rank, bracketed):
+    """`@ (rank - 1) mod world`, as issue 24 writes a ring's edge, means what the bracketed form does."""
+    def ranks(text):
+        edge = parse(HEAD + f"red[i] after mm[i] @ {text}\n").decls[-1]
+        return re.sub(r"span=Span\([^)]*\)", "", repr(edge.deps[0].ranks))
+    assert ranks(rank) == ranks(bracketed)
+    assert "mod" in ranks("(rank - 1) mod world") and "'-'" in ranks("(rank - 1) mod world")
 
 
 def test_tight_matmul_is_a_peer_copy_and_the_builder_says_so():

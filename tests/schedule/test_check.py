@@ -331,7 +331,7 @@ OVERLAP = tds("""
 def test_two_families_writing_the_same_elements_race_until_an_edge_orders_them():
     race = the_error(OVERLAP, "race: tile 'second' writes Y while tile 'first' may still write it")
     assert at(race) == (7, 24)
-    assert race.hint == "add an edge: second[i] after first[...]"
+    assert race.hint == "add an edge: second[i] after first[i]"
     passes(OVERLAP + "second[i] after first[i]\n")
 
 

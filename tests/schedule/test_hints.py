@@ -155,8 +155,28 @@ PUTS_UNWAITED = tds("""
     tile  use[i in world]: Y[i*N : +N] = G[i*N : +N]
     """)
 
+# an all-gather through staging buffers with no edge (tests/corpus/refused/stage_race.tds): take[s, i]
+# reads the block that stage[i] writes on rank s, and the hint names that instance and rank
+STAGE_RACE = tds("""
+    program stage_race
+    param N
+    const BLOCK = 128
+    in    X : f32[N]
+    out   Y : f32[world, N]
+    symm  S : f32[N]
+    tile  stage[i in cdiv(N, BLOCK)]: S[i*BLOCK : +BLOCK] = X[i*BLOCK : +BLOCK]
+    tile  take[s in world, i in cdiv(N, BLOCK)]: Y[s, i*BLOCK : +BLOCK] = S@s[i*BLOCK : +BLOCK]
+    """)
+
 HAND_WRITTEN = {"read_then_overwrite": READ_THEN_OVERWRITE, "buffer_reused": BUFFER_REUSED,
-                "pull_without_edge": PULL_WITHOUT_EDGE, "caller_value": CALLER_VALUE, "puts_unwaited": PUTS_UNWAITED}
+                "pull_without_edge": PULL_WITHOUT_EDGE, "caller_value": CALLER_VALUE, "puts_unwaited": PUTS_UNWAITED,
+                "stage_race": STAGE_RACE}
+
+
+def test_a_read_of_a_peers_block_is_hinted_with_the_instance_and_rank_that_write_it():
+    race = next(d for d in check_errors(STAGE_RACE) if d.message.startswith("race"))
+    assert race.hint == "add an edge: take[s, i] after stage[i] @ s"  # before: stage[...] @ every rank
+    assert check_errors(STAGE_RACE + "take[s, i] after stage[i] @ s\n") == []
 
 
 def test_a_write_after_a_read_across_ranks_is_hinted_to_wait_for_the_read():

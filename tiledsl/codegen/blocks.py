@@ -18,7 +18,7 @@ from tiledsl.codegen.names import value_name
 from tiledsl.runtime.specs import pow2_at_least
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import value_shape
-from tiledsl.tables import FUNCTIONS
+from tiledsl.tables import COMPARISONS, FUNCTIONS, INTEGER_CLOSED
 
 MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
 # fp32 elements of a tile's largest block that one warp holds: 64 registers a thread, which leaves
@@ -317,6 +317,18 @@ class _Block:
             out.append(b.Cast(name, value.func[5:], args[0]))
             return name
         function = FUNCTIONS[value.func]
+        if value.func not in INTEGER_CLOSED + COMPARISONS + ("where",):
+            # a size kept an integer (for index arithmetic) enters float32 math here: tl.math.sqrt_rn and
+            # div_rn take fp32 operands only (`x / sqrt(D)`, `rowsum(x) / D`)
+            args = [b.Scalar(a.value) if isinstance(a, b.Scalar) and a.integer else a for a in args]
+        row = None
+        if function.rows:  # the length of the row it normalises over: the operand's last axis
+            width = self.shape(value.args[0])[1]
+            row = self.k(width)
+            if not self.covers(width):  # padding past the row must add nothing to the sum of squares
+                masked = self.fresh("masked")
+                out.append(b.Mask(masked, args[0], self.arange(width, 1, 2), self.k(width), 0.0))
+                args = [masked, *args[1:]]
         if function.reduces:
             width = self.shape(value.args[0])[1]
             if not self.covers(width):
@@ -324,7 +336,7 @@ class _Block:
                 out.append(b.Mask(masked, args[0], self.arange(width, 1, 2), self.k(width), function.identity))
                 args = [masked]
         name = into or self.fresh(value.func)
-        out.append(b.Apply(name, value.func, tuple(args)))
+        out.append(b.Apply(name, value.func, tuple(args), row))
         return name
 
     def dot(self, value: ir.MatMul, out: list, into: str | None) -> str:

@@ -107,7 +107,6 @@ _TOKENS = re.compile(r"[()\[\]]|[-+*/%@]|\bmod\b|[A-Za-z0-9_.]+|[^\s()\[\]\-+*/%
 _OPERATORS = {"+", "-", "*", "/", "%", "@", "mod"}
 _DOUBLED = {"==": "a tile body assigns with one '='", "//": "'/' floors on indices (and must divide on sizes)",
             "**": "write the product out, or use a `let` size"}
-_AT_RANK = re.compile(r"\]\s*@\s*(\w+|\([^()]*\))\s*$")
 _WORD = re.compile(r"[ \t\f]*([A-Za-z_][A-Za-z0-9_]*)")
 # Statement words that cannot appear inside a statement (`in` can: `i in M`).
 _STATEMENT_TOKENS = {w.upper(): w for w in STATEMENTS if w != "in"}
@@ -188,9 +187,6 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
             return error(f"'{token}' does not match the '{opened[0]}' opened at {at}", span)
     if token.type in ("MATMUL", "PEER") and "AFTER" in expected:
         return error("an edge reads `consumer[i, j] after producer[...]`; '@' comes after the producer", span)
-    if str(token) in _OPERATORS and "_NL" in expected and _AT_RANK.search(line_text[: col - 1]):
-        return error("the rank after '@' is a name, a number or an expression in brackets", span,
-                     hint="red[i] after mm[i] @ ((rank + 1) mod world)")
     if token.type == "COMPARE":  # a comparison outside `require`
         why = _DOUBLED.get(str(token), "sizes are compared only in a `require` line")
         return error(f"'{token}' is not an operator here: {why}", ast.Span(line, col, line, col + len(token)),

@@ -88,7 +88,8 @@ def _rank_main(fn, rank, world, arenas, barrier, results, args, topology=None):
     torch.set_num_threads(1)
     try:
         check_interpreter()
-        from tiledsl.runtime import sync
+        from tiledsl.runtime import interpreter_fixes, sync
+        interpreter_fixes.install()
         if not sync.EMULATED:
             raise RuntimeError("this process's forkserver imported triton without TRITON_INTERPRET=1; "
                                "emulated ranks must start it (call run_ranks before other forkserver use)")

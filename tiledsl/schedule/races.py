@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import networkx
 import numpy
+import sympy
 
 from tiledsl.diagnostics import Diagnostic, Note, error
 from tiledsl.schedule import ir
@@ -260,7 +261,8 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
               f"may still {may} it"
     indices = schedule.families[a.family].index_names
     consumer = f"{a.family}[{', '.join(indices)}]" if indices else a.family  # `keep after ...`: no indices
-    hint = f"add an edge: {consumer} after {b.family}[...]"
+    dep = _producer_dep(concrete, waiter, waited) if a.family != b.family else None
+    hint = f"add an edge: {consumer} after {dep or b.family + '[...]'}"
     if a.family == b.family:
         message = (f"instances of {family_text(schedule, a.family)} "
                    f"{'both write' if other.write else 'read and write'} the same elements of {tensor}")
@@ -273,7 +275,7 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
     elif _edge_closes_cycle(concrete, waiter, waited):
         # each family already waits on the other one: no edge between the two can order them
         hint = f"'{a.family}' and '{b.family}' each wait on the other already: give each its own region"
-    elif a.rank != b.rank:
+    elif a.rank != b.rank and dep is None:
         hint += " @ every rank"
     step = concrete.instance_of(concrete.node_of(waiter))[1]
     if step is not None and step >= 0:
@@ -284,6 +286,54 @@ def _race(concrete: Concrete, write: Access, other: Access) -> Diagnostic:
                  notes=[Note(f"'{b.family}' {may}s {tensor} here: {at_a} and {at_b} touch the same elements, "
                              f"ordered by no edge (at {sizes_text(concrete)})", waited.region.span)],
                  witness=witness)
+
+
+def _producer_dep(concrete: Concrete, waiter: Access, waited: Access) -> str | None:
+    """The producer side of the edge a race needs, by the indices and rank that its region names from
+    the consumer's (`take[s, i]` reads `S@s[i*BLOCK : +BLOCK]`, which `stage[i]` on rank s writes:
+    `stage[i] @ s`), checked against the racing pair of instances. None where the regions do not name
+    one instance (starts that are not an integer map of the consumer's indices, a write into a peer's
+    copy): the hint then writes `[...]`."""
+    schedule = concrete.schedule
+    a, b = concrete.instances[waiter.instance], concrete.instances[waited.instance]
+    consumer, producer = schedule.families[a.family], schedule.families[b.family]
+    regions = (waiter.region, waited.region)
+    if waited.region.owner is not None or any(r.rows is not None or ir.device_values(r.owner) or
+                                              any(ir.device_values(d.start) for d in r.dims) for r in regions):
+        return None  # a write into a peer's copy, or indices read from tensors: the user fills `[...]`
+    owner = waiter.region.owner if waiter.region.owner is not None else ir.RANK
+    unknowns = [sympy.Dummy(name) for name in producer.index_names]
+    theirs = {ir.index_symbol(n): u for n, u in zip(producer.index_names, unknowns)} | {ir.RANK: owner}
+    equations = [sympy.expand(dw.start.xreplace(theirs) - dc.start)
+                 for dw, dc in zip(waited.region.dims, waiter.region.dims)]
+    equations = [e for e in equations if e.free_symbols & set(unknowns)]
+    solved = sympy.solve(equations, unknowns, dict=True) if equations else []
+    if len(solved) != 1 or set(solved[0]) != set(unknowns):
+        return None
+    index = [solved[0][u] for u in unknowns]
+    mine = {ir.index_symbol(n): v for n, v in zip(consumer.index_names, a.index)} | {ir.RANK: a.rank,
+                                                                                     ir.WORLD: concrete.world}
+    sizes = {ir.size_symbol(k): v for k, v in concrete.sizes.items()}
+    at = [sympy.sympify(e).subs(mine | sizes) for e in (*index, owner)]
+    if any(e.is_integer is not True or e.free_symbols & set(unknowns) for e in index) or \
+            [int(v) if v.is_Integer else None for v in at] != [*b.index, b.rank]:
+        return None
+    texts = [_tds_text(e) for e in (*index, owner)]
+    if None in texts:
+        return None
+    *index_text, rank_text = texts
+    dep = f"{b.family}[{', '.join(index_text)}]" if index_text else b.family
+    return dep if owner == ir.RANK else f"{dep} @ {rank_text if owner.is_Atom else f'({rank_text})'}"
+
+
+def _tds_text(expr: sympy.Expr) -> str | None:
+    """An index or rank as a program writes it (`i + 1`, `(rank + 1) mod world`); None for anything
+    else (a fraction, a floor)."""
+    if isinstance(expr, sympy.Mod):
+        inner = [_tds_text(e) for e in expr.args]
+        return None if None in inner else f"({inner[0]}) mod {inner[1]}"
+    plain = (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)
+    return str(expr) if all(isinstance(e, plain) for e in sympy.preorder_traversal(expr)) else None
 
 
 def _reads_first(concrete: Concrete, reader: Access, writer: Access) -> bool:
