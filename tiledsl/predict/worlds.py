@@ -111,7 +111,7 @@ def _dims(sizes: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
 
-def table(rows: list[Row], rates: Rates) -> str:
+def table(rows: list[Row]) -> str:
     lines = ["| | op | program | world x nodes | sizes a rank | predicted tiledsl | predicted GEMM alone | "
              "NCCL ring model | predicted sequential | sequential / tiledsl | instances simulated (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -141,15 +141,20 @@ A ratio above 1 says tiledsl's overlapped call is predicted faster than the GEMM
 MODELLED = """
 What is and is not modelled. The tiledsl column simulates every instance of every rank of the program's
 schedule (the meaning the checker proves) on the lanes that run them, waits released at their producers'
-ends plus a signal's latency, tiles costed from FLOPs and bytes against the H200 rates fitted at world 1
-and world 2; the baseline's GEMM uses the same tile model, so the ratio compares schedules under one
-set of rates. NCCL is a formula, not a simulation: its ring at the same effective link rates, with no
-launch cost, no protocol choice (LL/LL128/Simple), no channel count and no PXN or NVLS/SHARP offload, so
-it is a lower bound of a ring's time under these rates rather than what NCCL would measure. Not modelled
-on either side: contention between families sharing SMs, HBM or a link beyond each program's fixed share,
-a ring's forwarding chain inside tiledsl's own programs, IB congestion or the NIC's per-message cost, and
-rail topology (every GPU is assumed to have its own NIC of the same rate). Nothing in this table has been
-measured beyond world 2 and 4 on one node (`history.md`); the multi-node rows (hier_*) are unchecked.
+ends plus a signal's latency, tiles costed from FLOPs and bytes against the H200 rates (the tile's fitted
+on one GPU, NVLink's efficiency from a world-2 baseline, IB's assumed); the baseline's GEMM uses the same
+tile model, so the ratio compares schedules under one set of rates. NCCL is a formula, not a simulation:
+its ring at the same effective link rates, one channel a NIC across nodes, with no launch cost, no
+protocol choice (LL/LL128/Simple), no tree, PXN or NVLS/SHARP offload, so it is closer to a best case for
+a ring under these rates than to what NCCL would measure. Not modelled on either side: contention between
+families sharing SMs, HBM or a link beyond each program's fixed share, a ring's forwarding chain inside
+tiledsl's own programs, waits inside a tile's loop, IB congestion or a NIC's per-message cost, and rail
+topology (every GPU has its own NIC of the same rate). At world 64 AG+GEMM's product is one wave of 128
+tiles a rank of ~100 us each, so the predicted call is its communication chain (the puts across nodes,
+then the 16 copy programs' shares within the node, in their order) plus one tile: tiledsl's program is
+predicted slower than the GEMM followed by NCCL there. Seconds are the simulation's on a busy 2-core CPU.
+Nothing in this table has been measured: the predictor is checked only at worlds 2 and 4 on one node
+(`history.md`), and the multi-node rows (hier_*) are unchecked against any GPU.
 """
 
 
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                          nvl=rates.link_gbps, nvlat=rates.nvlink_latency_us, ib=rates.ib_gbps,
                          ibe=rates.ib_efficiency, ibl=rates.ib_link_gbps, iblat=rates.ib_latency_us,
                          ring=ring_busbw_gbps(2, rates))
-    text += table(rows, rates) + MODELLED
+    text += table(rows) + MODELLED
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text)
     print(f"wrote {args.output}", file=sys.stderr)
