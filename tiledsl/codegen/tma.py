@@ -16,6 +16,10 @@ from tiledsl.schedule import ir
 from tiledsl.tables import DTYPES
 
 ROW_BYTES = 16  # a descriptor's row stride and start address: multiples of this
+# `described` by program text and consts: a schedule is a function of them, and the checker builds a
+# new one per run (lowering sp_ag_attention's tiles is a quarter of its check)
+_DESCRIBED: dict[tuple, dict[str, str]] = {}
+_DESCRIBED_KEPT = 256
 
 
 def row_multiple(itemsize: int) -> int:
@@ -54,10 +58,21 @@ def described(schedule: ir.Schedule, consts: dict | None = None) -> dict[str, st
     families that may hold one lowered as `lower` lowers them (a product of the one-block lowering
     always reads through descriptors, a block tile only under `const TMA`). A family the lowering
     refuses reaches none (building the program reports why)."""
+    consts = {**schedule.consts, **(consts or {})}
+    key = (schedule.program.source, schedule.program.path, tuple(sorted(consts.items())))
+    if not schedule.program.source:  # a schedule built without a program's text: nothing to key by
+        return _lowered_descriptors(schedule, consts)
+    if key not in _DESCRIBED:
+        if len(_DESCRIBED) >= _DESCRIBED_KEPT:
+            del _DESCRIBED[next(iter(_DESCRIBED))]
+        _DESCRIBED[key] = _lowered_descriptors(schedule, consts)
+    return dict(_DESCRIBED[key])
+
+
+def _lowered_descriptors(schedule: ir.Schedule, consts: dict) -> dict[str, str]:
     from tiledsl.codegen.blocks import TMA
     from tiledsl.codegen.body import tile_body, written_as_block
     from tiledsl.codegen.plan import _resolve_splits, let_names
-    consts = {**schedule.consts, **(consts or {})}
     candidates = [f for f in schedule.families.values() if f.kind is ir.Kind.TILE
                   and f.engine.kind is not ir.EngineKind.COPY_ENGINE
                   and (consts.get(TMA) if written_as_block(f) else _holds_product(f))]

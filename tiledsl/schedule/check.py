@@ -17,8 +17,8 @@ from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import carried, ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     launch_conditions,
-                                     per_schedule, ragged_sizes, runs_on, small_sizes, topologies)
+                                     launch_conditions, per_schedule, ragged_sizes, runs_on, small_sizes,
+                                     topologies)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
