@@ -205,7 +205,7 @@ def test_a_const_program_count_that_leaves_no_sm_for_the_rest_is_refused_by_the_
     with pytest.raises(TdsError) as raised:
         run(OWN_SMS.replace("SMS = 8", "SMS = 132"), until="check")
     (error,) = raised.value.diagnostics
-    assert error.message == "the families ask for all 132 SMs, leaving none for 'dbl' (sms(rest))"
+    assert error.message == "the families ask for all 132 SMs of the H200, leaving none for 'dbl' (sms(rest))"
     assert at(error) == (7, 23)
 
 

@@ -74,7 +74,10 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
         signature[name] = "constexpr"
     import torch
     # `options`: num_warps, num_stages as at launch
-    options = {**kernel_options(module, getattr(torch, dtype).itemsize if dtype else 2), **(options or {})}
+    # the stages fit the operands as the program declares them (an f32 product: 4-byte elements), as at launch
+    element = getattr(torch, dtype).itemsize if dtype else max(
+        (getattr(torch, a.dtype).itemsize for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR), default=2)
+    options = {**kernel_options(module, element), **(options or {})}
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())

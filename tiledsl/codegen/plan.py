@@ -319,7 +319,8 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
         host_extents=tuple(e for _, e in family.indices), split=family.split,
         programs=family.engine.count(consts),
         order=meaning.order_keys(schedule, family) if ordered else None, flatten=flatten, body=body,
-        notify=notify, count_row=kernel(family.indices[0][0]) if counted else None,
+        notify=notify,
+        count_row=(kernel(family.indices[0][0]) if family.indices else sympy.Integer(0)) if counted else None,
         host=None if on_sms else _host_copy(schedule, family), product=product, tma_target=tma_target,
         blocks=blocks, head=head, warps=warps, runs_on=meaning.runs_at(family, ir.RANK))
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
@@ -422,7 +423,8 @@ def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
         if edge.consumer != family.name:
             continue
         producer = schedule.families[edge.producer]
-        first, rest = edge.index_map[0], edge.index_map[1:]
+        # a family of one instance (no index list) is its own row 0
+        first, rest = (edge.index_map[0], edge.index_map[1:]) if edge.index_map else (sympy.Integer(0), ())
         if (producer.engine.kind is ir.EngineKind.COPY_ENGINE or edge.ranks is not ir.RankSet.LOCAL
                 or first is None or any(m is not None for m in rest)):
             raise LoweringError(

@@ -196,7 +196,8 @@ def bad(report: body.Report) -> str:
 
 def operand(value) -> str:
     if isinstance(value, body.Scalar):
-        if isinstance(value.value, (int, float)):
+        literal = isinstance(value.value, sympy.Basic) and value.value.is_Number and not value.integer
+        if isinstance(value.value, (int, float)) or literal:  # a number, `448` as much as `448.0`: a float
             number = float(value.value)
             return f'float("{number}")' if number in (float("inf"), float("-inf")) else repr(number)
         if value.integer:
