@@ -112,11 +112,14 @@ programs_stage() {
   local worlds_here=${PROGRAM_WORLDS:-$([ -n "$both" ] && echo "8 4" || echo "2 4 8")}
   # one world after another (never two NVSHMEM jobs at once on a shared GPU: bench/programs_table.py says
   # why), each one torchrun over every program, restarted past one that dies or hangs
-  # the driver writes its JSON after every program; packed every 20 s, a call cut short keeps them
+  # the driver writes its JSON after every program; packed every 20 s, a call cut short keeps them. A program
+  # is hung after 35-60 s of silence, 100 s where world 8 runs (8 ranks compiling and starting NVSHMEM on one
+  # GPU: ag_gemm's first line came after more than 35 s there, 2026-12-02)
   ( while sleep 20; do pack; done ) &
   local packer=$!
   run programs $((total + 30)) python3 bench/programs_table.py run --world $worlds_here \
-    --quiet-s "$([ -n "$both" ] && echo 35 || echo 60)" --limit-s "$total" --out "$OUT"
+    --quiet-s "$(case " $worlds_here " in *" 8 "*) echo 100 ;; *) [ -n "$both" ] && echo 35 || echo 60 ;; esac)" \
+    --limit-s "$total" --out "$OUT"
   kill "$packer" 2>/dev/null
   python3 bench/programs_table.py table "$OUT" bench/results/*/*/programs_world*.json | tee "$OUT/programs_table.txt"
   pack
