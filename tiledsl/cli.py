@@ -52,11 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 # ---- commands ----------------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    from tiledsl.gpus import UnknownGPU
-    try:
-        gpu = _gpu(args)
-    except UnknownGPU as exc:
-        return _usage_error(str(exc))
+    gpu = _gpu(args)
     return max(_guarded(path, _check_one, path, gpu) for path in args.files)
 
 
@@ -75,12 +71,7 @@ def _build(args) -> int:
     until = args.dump_after or "module"
     if args.arch and until != "module":
         return _usage_error("--arch compiles the generated module; it cannot follow --dump-after")
-    from tiledsl.gpus import UnknownGPU
-    try:
-        gpu = _gpu(args)
-    except UnknownGPU as exc:
-        return _usage_error(str(exc))
-    done = pipeline.run(Path(args.file), until=until, consts=dict(args.define), gpu=gpu)
+    done = pipeline.run(Path(args.file), until=until, consts=dict(args.define), gpu=_gpu(args))
     _print_warnings(done)
     if args.dump_after:
         print(pipeline.dump(done, args.dump_after))
@@ -101,10 +92,18 @@ def _build(args) -> int:
 
 
 def _gpu(args):
-    """The GPU a build is checked for (`--gpu`, else the one `--arch` stands for): tiledsl.gpus; an
-    unknown name is a usage error (gpus.UnknownGPU)."""
+    """The GPU a build is checked for (`--gpu`, else the one `--arch` stands for): tiledsl.gpus."""
     from tiledsl import gpus
     return gpus.for_arch(getattr(args, "arch", None), getattr(args, "gpu", None))
+
+
+def _gpu_name(text: str):
+    """`--gpu NAME`: a GPU of tiledsl.gpus' table; an unknown name is a usage error."""
+    from tiledsl import gpus
+    try:
+        return gpus.named(text)
+    except gpus.UnknownGPU as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _write(out: str, source: str, write):
@@ -325,7 +324,7 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="check programs for errors, races and deadlocks",
                                 description="Parse and check each FILE; print its diagnostics, or 'FILE: ok'.")
     check.add_argument("files", nargs="+", metavar="FILE", help="a .tds program")
-    check.add_argument("--gpu", metavar="NAME", help="prove the kernel's programs resident on NAME's SMs "
+    check.add_argument("--gpu", metavar="NAME", type=_gpu_name, help="prove the kernel's programs resident on NAME's SMs "
                                                       "(H200, H100, H100-PCIe, H20, H800; default H200)")
     check.set_defaults(handler=cmd_check)
 
@@ -338,7 +337,7 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"print the result of STAGE ({', '.join(pipeline.STAGES)}) and stop")
     build.add_argument("--arch", metavar="ARCH", help="also compile the kernels for ARCH (e.g. sm_90) and "
                                                       "print their registers, shared memory and spills")
-    build.add_argument("--gpu", metavar="NAME", help="the GPU the build is for: its SM count bounds the "
+    build.add_argument("--gpu", metavar="NAME", type=_gpu_name, help="the GPU the build is for: its SM count bounds the "
                                                       "resident programs (H200, H100, H100-PCIe, H20, H800; "
                                                       "default: the one ARCH stands for, an H200 for sm_90)")
     build.add_argument("-D", dest="define", metavar="NAME=VALUE", type=_assignment, action="append", default=[],
