@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from tiledsl.runtime import placement
-from tiledsl.runtime.run_program import (TOLERANCE, Verdict, compare, launch_sizes, make_inputs, poison,
-                                         program_schedule, valid_rows, written_ranks)
+from tiledsl.runtime.run_program import (TOLERANCE, Verdict, compare, launch_sizes, left_as_passed, make_inputs,
+                                         poison, program_schedule, still_as_passed, valid_rows, written_ranks)
 from tiledsl.runtime.reference import Reference
 from tiledsl.topology import declared
 
@@ -73,19 +73,6 @@ def output_error(schedule, name: str, rank: int, world: int, written: dict[str, 
         return (0.0 if still_as_passed(got) else float("inf")), note
     got, want, _ = below_count(schedule, name, got, expected[name], expected)
     return compare(name, [got], [want], tensor.dtype).max_error, note
-
-
-def still_as_passed(got: torch.Tensor) -> bool:
-    """Whether an output holds only the poison it was passed with (NaN, or an integer's minimum)."""
-    if got.dtype.is_floating_point:
-        return bool(torch.isnan(got.double()).all())
-    return bool((got == poison(got.dtype)).all())
-
-
-def left_as_passed(world: int, written: set[int]) -> str:
-    """The verdict's note for an output that some ranks do not write: which ranks must keep it as passed."""
-    kept = [r for r in range(world) if r not in written]
-    return f"; left as passed on rank{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
 
 
 def below_count(schedule, name: str, got: torch.Tensor, want: torch.Tensor, expected: dict):

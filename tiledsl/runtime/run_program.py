@@ -152,6 +152,19 @@ def poison(dtype: torch.dtype) -> float | int:
     return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
+def still_as_passed(got: torch.Tensor) -> bool:
+    """Whether an output holds only the poison it was passed with (NaN, or an integer's minimum)."""
+    if got.dtype.is_floating_point:
+        return bool(torch.isnan(got.double()).all())
+    return bool((got == poison(got.dtype)).all())
+
+
+def left_as_passed(world: int, written: set[int]) -> str:
+    """The verdict's note for an output that some ranks do not write: which ranks must keep it as passed."""
+    kept = [r for r in range(world) if r not in written]
+    return f"; left as passed on rank{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
+
+
 def program_schedule(source: str):
     return pipeline.run(source, until="check").schedule
 
@@ -250,7 +263,7 @@ class EmulatedRun:
                 # no instance writes this rank's copy (a family with `if rank == ...`): it keeps what the
                 # caller passed, the poison here; the other ranks are compared
                 left = [rank for rank in untouched for call in range(calls)
-                        if not bool(torch.isnan(torch.from_numpy(results[rank][call][name]).double()).all())]
+                        if not still_as_passed(torch.from_numpy(results[rank][call][name]))]
                 if left:
                     verdicts.append(Verdict(name, False, float("inf"), f", world {world}; written on rank "
                                                                         f"{left[0]}, where nothing should write it"))
@@ -267,7 +280,7 @@ class EmulatedRun:
                 note += f"; emulated in {dtype} for {tensor.dtype}"
             ranks = [rank for rank in range(world) if rank not in untouched]
             if untouched:
-                note += f"; left as passed on rank{'s' if len(untouched) > 1 else ''} " + ", ".join(map(str, untouched))
+                note += left_as_passed(world, set(ranks))
             got = [torch.from_numpy(results[rank][call][name]) for call in range(calls) for rank in ranks]
             want = [expected[call][rank][name] for call in range(calls) for rank in ranks]
             if tensor.upto is not None:  # elements past the valid rows are unspecified: not compared
