@@ -516,20 +516,19 @@ class Program(Issuing):
         for f in shared:
             roles.update({f"tds_START_{f.name}": start, f"tds_PROGRAMS_{f.name}": rest})
         fixed = {f.name: roles[f"tds_PROGRAMS_{f.name}"] for f in kernel if f.programs is not None}
-        refusal = gpus.resident_refusal(fixed, rest, [f.name for f in shared], self._gpu())
+        refusal = gpus.resident_refusal(fixed, rest, [f.name for f in shared], self._gpu)
         if refusal is not None:  # the checker's residency proof was made for another GPU's SM count
             raise LaunchError(f"{self.module.__name__}: {refusal}")
         return roles, start + (rest if shared else 0)
 
+    @functools.cached_property
     def _gpu(self) -> gpus.GPU:
         """The device's facts (its SM count), read once; a launch prepared with no CUDA at all (the
         runtime's tests with stand-in kernels) assumes the default GPU's."""
-        if getattr(self, "_device_gpu", None) is None:
-            try:
-                self._device_gpu = gpus.of_device(self.device)
-            except (AssertionError, RuntimeError):  # torch without CUDA: "Torch not compiled with CUDA enabled"
-                self._device_gpu = gpus.DEFAULT
-        return self._device_gpu
+        try:
+            return gpus.of_device(self.device)
+        except (AssertionError, RuntimeError):  # torch without CUDA: "Torch not compiled with CUDA enabled"
+            return gpus.DEFAULT
 
     def _default_programs(self, copies_beside: bool) -> int:
         """Programs of a kernel when the caller names none: one an SM, and one fewer where copy-engine
@@ -538,7 +537,7 @@ class Program(Issuing):
         its registers (sp_ag_attention at BM=128, ag_group_gemm at Mixtral's size) that copy never
         started and the kernel's waits timed out (bench/experiments/local_copy_probe.py, NOTES session
         13; session 12's residency_probe.py found the one program too many)."""
-        sms = self._gpu().sms
+        sms = self._gpu.sms
         return max(1, sms - 1) if copies_beside else sms
 
     def _options(self, env) -> dict:
