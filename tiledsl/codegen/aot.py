@@ -39,7 +39,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tiledsl.runtime.specs import Kind, kernel_options
+    from tiledsl.runtime.specs import Kind, kernel_options, operand_bytes
 
     env = {"rank": 0, "world": 4, "nodes": 2, "local_world": 2, **module.tds_CONSTS,
            **{p: 4096 for p in module.tds_PARAMS}, **(sizes or {})}
@@ -75,8 +75,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     import torch
     # `options`: num_warps, num_stages as at launch
     # the stages fit the operands as the program declares them (an f32 product: 4-byte elements), as at launch
-    element = getattr(torch, dtype).itemsize if dtype else max(
-        (getattr(torch, a.dtype).itemsize for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR), default=2)
+    element = getattr(torch, dtype).itemsize if dtype else operand_bytes(module)
     options = {**kernel_options(module, element), **(options or {})}
     if module.tds_USES_NVSHMEM:
         from tiledsl.runtime import nvshmem_device

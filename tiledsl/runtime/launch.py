@@ -21,8 +21,8 @@ from tiledsl.runtime import guards, sync, timeline, validate
 from tiledsl.runtime.issue import (CapacityExceeded, CopyOp, DataError, IndexOutOfRange, Issuing, PreparedCall,
                                    ScheduleTimeout, goes_first)
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
-    Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, kernel_options, linear, ordered_instances, pipeline_stages,
-    pow2_at_least, unlinear)
+    Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, kernel_options, linear, operand_bytes, ordered_instances,
+    pipeline_stages, pow2_at_least, unlinear)
 from tiledsl.runtime.validate import LaunchError
 from tiledsl.topology import Topology
 
@@ -557,9 +557,7 @@ class Program(Issuing):
 
     def _operand_bytes(self) -> int:
         """Bytes of an element of the products' operands as this program runs them (declared, or overridden)."""
-        sizes = [self.dtype_override.get(a.dtype, getattr(torch, a.dtype)).itemsize
-                 for a in self.module.tds_ARGS if a.kind is Kind.DESCRIPTOR]
-        return max(sizes, default=2)
+        return operand_bytes(self.module, self.dtype_override)
 
     def _copy_ops(self, spec, env, res, views, shared) -> list:
         """A CopyOp (target, source, signals, waits, timeline row, local) for each instance in order.

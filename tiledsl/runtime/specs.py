@@ -104,6 +104,15 @@ def unlinear(number: int, extents: tuple) -> tuple:
 STAGES = "STAGES"  # a program's const naming the pipeline depth of its tiles' loops (see kernel_options)
 
 
+def operand_bytes(module, dtype_override: dict | None = None) -> int:
+    """Bytes of an element of the products' operands as the program runs them (declared, or through
+    `dtype_override`, declared name -> torch dtype): what kernel_options sizes the pipeline stages by."""
+    import torch
+    override = dtype_override or {}
+    return max((override.get(a.dtype, getattr(torch, a.dtype)).itemsize
+                for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR), default=2)
+
+
 def kernel_options(module, element_size: int = 2) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block, for operands of `element_size` bytes (2:
