@@ -63,7 +63,7 @@ def _rank(heap, rendezvous, inputs, fitting, cache_dir):
     from tiledsl.ops.dispatch import OPS
     from tiledsl.ops.context import STATE
     mine = {key: tensors[heap.rank] for key, tensors in inputs.items()}
-    results = {"paths": {}, "rule": {}, "opcheck": {}}
+    results = {"paths": {}, "rule": {}, "opcheck": {}, "predicted": {}}
     for (label, dtype), tensors in mine.items():
         op, kwargs = next((op, kwargs) for name, op, _, kwargs in CASES if name == label)
         for path in [p.name for p in OPS[op].paths(STATE.heaps["0"])]:
@@ -73,6 +73,7 @@ def _rank(heap, rendezvous, inputs, fitting, cache_dir):
     for op, tensors in fitting[heap.rank].items():
         _call(ops, op, tensors, FITTING[op][1])
         results["rule"][op, "fitting"] = ops.decision(op).choice
+        results["predicted"][op] = (ops.decision(op).how, ops.decision(op).predicted_us)
         args = [*tensors[:-1], tensors[-1], "0"] if op != "all_reduce_rmsnorm" else [*tensors, "0", 1e-6]
         try:
             torch.library.opcheck(getattr(torch.ops.tiledsl, op).default, tuple(args))
@@ -186,8 +187,12 @@ def test_every_path_matches_the_sum_over_ranks_on_shapes_no_tile_fits(emulated, 
 def test_without_timings_fitting_shapes_take_the_program_and_padded_products_torch(emulated):
     _, _, results, _ = emulated
     rule = results[0]["rule"]
-    assert rule["all_gather_matmul", "fitting"] == "ag_gemm"
-    assert rule["matmul_reduce_scatter", "fitting"] == "gemm_rs_pull"  # GemmReduceScatter's rule below 256 MiB
+    # products with two or more programs that fit: ranked by tiledsl.predict at this world (nothing measured)
+    for op in ("all_gather_matmul", "matmul_reduce_scatter"):
+        how, predicted = results[0]["predicted"][op]
+        assert how == "predicted" and len(predicted) >= 2, (op, how, predicted)
+        assert rule[op, "fitting"] == min(predicted, key=lambda item: item[1])[0]
+    assert results[0]["predicted"]["matmul_all_reduce"][0] == "rule"  # one program: nothing to rank
     assert rule["matmul_all_reduce", "fitting"] == "gemm_ar"
     assert rule["all_reduce", "fitting"] == "allreduce"                # one-shot at world 2, as AllReduce
     assert rule["all_reduce_rmsnorm", "fitting"] == "allreduce_rmsnorm"
@@ -225,7 +230,11 @@ def test_ranks_agree_on_a_choice_their_own_timings_disagree_on(emulated):
 def test_explain_names_each_choice_and_why(emulated):
     _, _, results, _ = emulated
     text = results[0]["explain"]
-    assert "all_gather_matmul [bfloat16 M<=32 K=32 N=32]: ag_gemm (rule: tuning is off)" in text
+    # nothing measured at world 2: ranked by prediction, and explain() says it was not measured
+    (first, us1), (second, us2) = results[0]["predicted"]["all_gather_matmul"][1][:2]
+    assert (f"all_gather_matmul [bfloat16 M<=32 K=32 N=32]: {first} (predicted: chosen by prediction (not measured): "
+            f"{first} predicted {us1:.1f} us vs {second} {us2:.1f} us at world 2)") in text
+    assert "all_gather_matmul [float32 M<=32 K=37 N=45]: torch (rule: tuning is off)" in text  # padded: the rule
     assert "all_reduce [float32 <=2 KiB]: allreduce_two_shot (tuned)" in text
     assert "measured (slowest rank): allreduce_two_shot 4000.0000 ms, allreduce 5000.0000 ms, torch 9000.0000 ms" in text
 

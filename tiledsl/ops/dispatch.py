@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tiledsl.ops import tuning
-from tiledsl.ops.context import STATE, heap_for, world_of
+from tiledsl.ops import prediction, tuning
+from tiledsl.ops.context import STATE, consts_for, heap_for, world_of
 from tiledsl.ops.attention_ops import FlashDecode, SequenceParallelAttention
 from tiledsl.ops.collective_ops import AllGather, AllReduce, AllReduceRMSNorm, ReduceScatter
 from tiledsl.ops.moe_ops import MoeCombine, MoeDispatch
@@ -160,10 +160,18 @@ def choose(op_name: str, p: Problem, impl: str | None = None, tune: bool | None 
             if by_name[name].program is not None:
                 op.program(by_name[name], p, entry).check()
 
+        def predict(name):  # exact program paths only: padding is what only a measurement can justify
+            path, sizes = by_name[name], op.predicted_sizes(p)
+            if path.program is None or sizes is None or not op.exact(path, p, entry):
+                return None
+            consts = consts_for(entry, path.program, path.tunables)
+            return prediction.predicted_us(path.program, tuple(sorted(consts.items())), p.world,
+                                           tuple(sorted(sizes.items())))
+
         question = tuning.Question(
             op.name, bucket, memory_key, key, list(by_name), not_applicable, op.rule(p, entry, applicable),
             measure, verify, gpu=torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else "cpu (emulated)",
-            world=p.world, device=p.device)
+            world=p.world, device=p.device, predict=predict)
         decision = tuning.decide(question, _Agreement(p.group), STATE.settings.tuning(emulated, tune))
     return decision, by_name[decision.choice], entry
 

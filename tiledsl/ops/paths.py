@@ -101,6 +101,11 @@ class Op:
     def bucket(self, p: Problem) -> str:
         return f"{str(p.dtype).removeprefix('torch.')} {pow2_bytes(p.x.numel() * p.x.element_size())}"
 
+    def predicted_sizes(self, p: Problem) -> dict | None:
+        """The params its programs are predicted at for this call (tiledsl.ops.prediction), or None:
+        the op's paths are not ranked by prediction."""
+        return None
+
     # what each op defines
     def exact(self, path: Path, p: Problem, entry) -> bool:
         """Whether the program takes this call's tensors with no padding copies."""

@@ -35,6 +35,9 @@ class AllGatherMatmul(_Product):
     def sizes(self, path, p, entry):
         return self.padded_sizes(path, p, entry, p.rows, consts_for(entry, path.program, path.tunables)["BM"])
 
+    def predicted_sizes(self, p):  # M: the gathered rows
+        return dict(M=p.world * p.rows, K=p.w.shape[0], N=p.w.shape[1])
+
     def exact(self, path, p, entry):
         return self.sizes(path, p, entry) == (p.rows, *p.w.shape)
 
@@ -64,6 +67,9 @@ class MatmulReduceScatter(_Product):
         large = p.rows * p.w.shape[1] * p.x.element_size() >= GEMM_RS_THRESHOLD_BYTES
         return ("gemm_rs_ce", "gemm_rs_pull", "gemm_rs") if large else self.programs
 
+    def predicted_sizes(self, p):  # M: every rank's rows, K: this rank's share
+        return dict(M=p.rows, K=p.w.shape[0], N=p.w.shape[1])
+
     def sizes(self, path, p, entry):
         return self.padded_sizes(path, p, entry, p.rows // p.world,
                                  consts_for(entry, path.program, path.tunables)["BM"])
@@ -90,6 +96,9 @@ class MatmulAllReduce(_Product):
     """all_reduce(A @ B): A [.., K] and B [K, N] hold this rank's share of K (decode's row-parallel layer)."""
     name = "matmul_all_reduce"
     programs = ("gemm_ar",)
+
+    def predicted_sizes(self, p):
+        return dict(M=p.rows, K=p.w.shape[0], N=p.w.shape[1])
 
     def sizes(self, path, p, entry):
         return self.padded_sizes(path, p, entry, p.rows, 1)  # tiles are masked: any number of rows

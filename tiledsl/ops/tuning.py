@@ -32,14 +32,17 @@ class Decision:
     op: str
     bucket: str
     choice: str
-    how: str                      # tuned | cached | rule | only path | forced | capture
+    how: str                      # tuned | cached | predicted | rule | only path | forced | capture
     times_ms: tuple = ()          # ((path, ms of the slowest rank), ...) fastest first; inf: failed
     not_applicable: tuple = ()    # ((path, why), ...)
     failures: tuple = ()          # ((path, error), ...) paths that raised while measured
     note: str = ""
+    predicted_us: tuple = ()      # ((path, us predicted by tiledsl.predict), ...) fastest first: not measured
 
     def describe(self) -> str:
         lines = [f"{self.op} [{self.bucket}]: {self.choice} ({self.how}{': ' + self.note if self.note else ''})"]
+        if self.predicted_us:
+            lines.append("  predicted (not measured): " + ", ".join(f"{p} {us:.1f} us" for p, us in self.predicted_us))
         if self.times_ms:
             lines.append("  measured (slowest rank): " + ", ".join(f"{p} {_ms(t)}" for p, t in self.times_ms))
         lines += [f"  not applicable: {p}: {why}" for p, why in self.not_applicable]
@@ -176,6 +179,7 @@ class Question:
     gpu: str                 # GPU model ("cpu (emulated)" on the CPU)
     world: int
     device: torch.device
+    predict: Callable | None = None  # path -> its predicted us (None: not predicted), for a bucket not measured
 
 
 def decide(question: Question, agreement, tune: bool) -> Decision:
@@ -201,14 +205,33 @@ def decide(question: Question, agreement, tune: bool) -> Decision:
         decision = Decision(question.op, question.bucket, cached["choice"], "cached", times, skipped,
                             note=str(cache.path))
     elif not tune:
-        decision = Decision(question.op, question.bucket, question.rule, "rule", not_applicable=skipped,
-                            note="tuning is off")
+        decision = (_by_prediction(question, applicable, skipped)
+                    or Decision(question.op, question.bucket, question.rule, "rule", not_applicable=skipped,
+                                note="tuning is off"))
     else:
         decision = _measure(question, applicable, agreement, skipped)
         if agreement.rank == 0:
             cache.store(question.cache_key, {"choice": decision.choice, "times_ms": dict(decision.times_ms)})
     DECISIONS[question.key] = decision
     return decision
+
+
+def _by_prediction(question: Question, applicable: list, skipped: tuple) -> Decision | None:
+    """Nothing measured at this world and shape: the program paths ranked by their predicted time, where
+    two or more of them can be predicted (the torch path has no schedule to simulate, so it is not
+    ranked; the predict callable leaves out paths the rule would not take without a measurement)."""
+    if question.predict is None:
+        return None
+    found = {p: question.predict(p) for p in applicable}
+    predicted = {p: us for p, us in found.items() if us is not None}
+    if len(predicted) < 2:
+        return None
+    ranked = sorted(predicted, key=lambda p: (predicted[p], applicable.index(p)))
+    best, other = ranked[0], ranked[1]
+    note = (f"chosen by prediction (not measured): {best} predicted {predicted[best]:.1f} us vs {other} "
+            f"{predicted[other]:.1f} us at world {question.world}")
+    return Decision(question.op, question.bucket, best, "predicted", not_applicable=skipped,
+                    predicted_us=tuple((p, predicted[p]) for p in ranked), note=note)
 
 
 def _measure(question: Question, applicable: list, agreement, skipped: tuple) -> Decision:
