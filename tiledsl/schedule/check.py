@@ -68,7 +68,6 @@ def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diag
 
 
 def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
-    yield from _peers(concrete)
     yield from _bounds(concrete)
     yield from transport.findings(concrete)
     yield from _skipped(concrete)
@@ -208,7 +207,11 @@ def _bounds(concrete: Concrete):
     schedule = concrete.schedule
     slices = _program_slices(schedule)
     idle = None
+    world = concrete.world
     for access in concrete.accesses:
+        if not 0 <= access.copy < world:  # one pass over the accesses for both (the checker runs it often)
+            yield _no_such_rank(concrete, access)
+            continue
         shape = concrete.shapes[access.region.tensor]
         if all(first >= 0 and stop <= extent for (first, _, stop), extent in zip(access.reach, shape)):
             continue  # inside its tensor: no problem below can arise (the common case, kept cheap)
@@ -244,21 +247,18 @@ def _bounds(concrete: Concrete):
                                     stop=value == stop and first >= 0 and last < extent))
 
 
-def _peers(concrete: Concrete):
+def _no_such_rank(concrete: Concrete, access):
     """`X@(rank - 1)` on rank 0 names a copy no rank has: the kernel would follow a peer pointer that
     does not exist and the reference has nothing to read. Refused, with the rank and the peer it names
     (`(rank - 1) mod world` stays inside)."""
-    for access in concrete.accesses:
-        if 0 <= access.copy < concrete.world:
-            continue
-        instance = concrete.instances[access.instance]
-        verb = "writes" if access.write else "reads"
-        tensor = access.region.tensor
-        yield ("peer", access.region.span), error(
-            f"no such rank: {at(instance)} {verb} '{tensor}'@{access.copy}, but ranks are "
-            f"0..{concrete.world - 1} (at {sizes_text(concrete)})", access.region.span,
-            hint=f"guard the {instance.family} family (`if rank > 0`), or wrap the peer around: `(...) mod world`",
-            witness=NoSuchRank(where(concrete), point(instance), tensor, access.copy, access.write))
+    instance = concrete.instances[access.instance]
+    verb = "writes" if access.write else "reads"
+    tensor = access.region.tensor
+    return ("peer", access.region.span), error(
+        f"no such rank: {at(instance)} {verb} '{tensor}'@{access.copy}, but ranks are "
+        f"0..{concrete.world - 1} (at {sizes_text(concrete)})", access.region.span,
+        hint=f"guard the {instance.family} family (`if rank > 0`), or wrap the peer around: `(...) mod world`",
+        witness=NoSuchRank(where(concrete), point(instance), tensor, access.copy, access.write))
 
 
 def _writing_nothing(concrete: Concrete) -> set[int]:
