@@ -61,3 +61,17 @@ def test_an_emulated_run_prints_no_numpy_warning(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{path}: Y: ok")
     assert "Warning" not in done.stderr, done.stderr
+
+
+def test_a_block_over_tritons_element_limit_is_refused_at_its_tile_at_build_for_sm_90(capsys, tmp_path):
+    """tests/corpus/attention_scores.tds holds K.T over the whole sequence: at the build's sizes (every
+    param 4096) its block is 4096 x 4096 elements, past Triton's 2**20; that was an internal error."""
+    pytest.importorskip("triton")
+    path = ROOT / "tests" / "corpus" / "attention_scores.tds"
+    code = cli.main(["build", str(path), "--arch", "sm_90", "-o", str(tmp_path / "out.py")])
+    out, err = capsys.readouterr()
+    assert code == 1, (code, err)
+    assert "internal error" not in err and "Traceback" not in err, err
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("tile probs"))
+    assert f"{path}:{line}:1: error: tile 'probs' holds a block of {4096 * 4096} elements" in err, err
+    assert f"more than the {2 ** 20} elements" in err and "TRITON_MAX_TENSOR_NUMEL" in err, err

@@ -22,7 +22,7 @@ import sympy
 
 from tiledsl.grammar import ast
 from tiledsl.schedule import ir
-from tiledsl.schedule.witness import (At, Deadlock, FamilyCycle, OutOfBounds, Point, Race, Step, Unsignalled,
+from tiledsl.schedule.witness import (At, Deadlock, FamilyCycle, NoSuchRank, OutOfBounds, Point, Race, Step, Unsignalled,
                                       Witness)
 
 
@@ -76,6 +76,7 @@ class Graph:
     extents: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)  # (family, rank) -> extents
     accesses: list[Access] = field(default_factory=list)
     out_of_bounds: list[OutOfBounds] = field(default_factory=list)
+    no_such_rank: list[NoSuchRank] = field(default_factory=list)  # a peer copy outside 0..world - 1
     space: dict[str, tuple[int, ...]] = field(default_factory=dict)  # family -> its index extents, every rank's
     waits: dict[Point, list[tuple[Point, int]]] = field(default_factory=dict)  # consumer -> (producer, edge)
     # (consumer, edge, producer) where an edge names an instance or rank that does not exist: no wait
@@ -167,6 +168,8 @@ def _accesses(graph, family: ir.Family, point: Point, names: dict, shapes, range
         for values in itertools.product(*loop_ranges):
             here = {**names, **{s.name: v for (s, _), v in zip(loops, values)}}
             copy = point.rank if region.owner is None else evaluate(region.owner, here)
+            if not 0 <= copy < graph.at.world:
+                graph.no_such_rank.append(NoSuchRank(graph.at, point, region.tensor, copy, write))
             lo, hi = [], []
             for dim, (d, extent) in enumerate(zip(region.dims, shapes[region.tensor])):
                 start, size = evaluate(d.start, here), evaluate(d.size, here)
@@ -382,7 +385,7 @@ def problems(schedule: ir.Schedule, world: int, sizes: dict[str, int]) -> list[W
     """Every kind of problem the schedule has at this world and these param (and const) values: all
     bounds violations and unsignalled waits, one family cycle or deadlock, and every racing pair."""
     graph = build(schedule, at(schedule, world, sizes))
-    found: list[Witness] = [*graph.out_of_bounds, *unsignalled(graph)]
+    found: list[Witness] = [*graph.out_of_bounds, *graph.no_such_rank, *unsignalled(graph)]
     if graph.family_cycle is not None:
         found.append(graph.family_cycle)
     cycle = deadlock(graph)
@@ -399,7 +402,7 @@ def confirm(schedule: ir.Schedule, witness: Witness) -> str | None:
         return _confirm_family_cycle(schedule, witness)
     graph = build(schedule, witness.at)
     check = {Race: _confirm_race, Deadlock: _confirm_deadlock, Unsignalled: _confirm_unsignalled,
-             OutOfBounds: _confirm_bounds}[type(witness)]
+             OutOfBounds: _confirm_bounds, NoSuchRank: _confirm_no_such_rank}[type(witness)]
     return check(graph, witness)
 
 
@@ -466,6 +469,16 @@ def _confirm_bounds(graph: Graph, bounds: OutOfBounds) -> str | None:
         return None
     return (f"{bounds.instance} reaches no {'slice end' if bounds.stop else 'index or start'} {bounds.value} "
             f"out of dimension {bounds.dim} of {bounds.tensor} (size {bounds.extent})")
+
+
+def _confirm_no_such_rank(graph: Graph, peer: NoSuchRank) -> str | None:
+    if _missing(graph, peer.instance):
+        return _missing(graph, peer.instance)
+    if 0 <= peer.copy < graph.at.world:
+        return f"rank {peer.copy} exists at world {graph.at.world}"
+    if peer in graph.no_such_rank:
+        return None
+    return f"{peer.instance} does not {'write' if peer.write else 'read'} {peer.tensor}@{peer.copy}"
 
 
 def _confirm_family_cycle(schedule: ir.Schedule, cycle: FamilyCycle) -> str | None:

@@ -79,3 +79,32 @@ def test_a_target_cleared_in_part_is_warned_for_the_rest():
 def test_an_inout_target_is_the_callers_value_and_is_not_warned():
     source = PULLED.replace("local T", "inout T")
     assert run(source, until="check").warnings == []
+
+
+# a tile that accumulates by reading what it overwrites: the same meaning as `reduce add`
+ACCUMULATED = tds("""
+    program accumulated
+    param N
+    in    X : f32[N]
+    symm  S : f32[N]
+    out   Y : f32[N]
+    tile  acc[i in N / 2]: S[i*2 : +2] = S[i*2 : +2] + X[i*2 : +2]
+    tile  take[i in N / 2]: Y[i*2 : +2] = S[i*2 : +2]
+    take[i] after acc[i]
+    """)
+
+
+def test_a_tile_adding_into_a_symm_tensor_it_reads_is_warned_like_a_reduce_add():
+    (found,) = carried(ACCUMULATED)
+    assert found.message.startswith("tile 'acc' reads what it overwrites of 'S', which nothing in the call "
+                                    "clears: each call's result starts from what the last call left")
+    line = ACCUMULATED.splitlines().index("tile  acc[i in N / 2]: S[i*2 : +2] = S[i*2 : +2] + X[i*2 : +2]") + 1
+    assert found.span.line == line
+
+
+def test_a_tile_adding_into_a_cleared_or_inout_target_is_not_warned():
+    cleared = ACCUMULATED.replace("tile  acc", "tile  clear[i in N / 2]: S[i*2 : +2] = 0\ntile  acc") \
+        + "acc[i] after clear[i]\n"
+    assert carried(cleared) == []
+    kept_by_caller = ACCUMULATED.replace("symm  S", "inout S")
+    assert carried(kept_by_caller) == []

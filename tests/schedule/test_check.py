@@ -986,3 +986,61 @@ def test_a_race_only_below_the_tile_size_is_found():
         use[i] after gather[(i*B4)/N], gather[(i*B4 + 3)/N + 1], use[i - 1]
     """)
     assert the_error(source, "race: tile 'use' reads G while chunk 'gather' may still write it")
+
+
+# ---- peers ----------------------------------------------------------------------------------------
+
+CHAIN_FROM_RANK_1 = tds("""
+    program chain
+    param N
+    in X : f32[N]
+    out Y : f32[N]
+    symm B : f32[N]
+    tile seed[i in cdiv(N, 3)] if rank == 1: B[i*3 : +3] = X[i*3 : +3]
+    tile hop[i in cdiv(N, 3)] if rank != 1: B[i*3 : +3] = B@(rank - 1)[i*3 : +3]
+    tile use[i in cdiv(N, 2)]: Y[i*2 : +2] = B[i*2 : +2] + 1.0
+    hop[i] after seed[i] @ (rank - 1), hop[i] @ (rank - 1)
+    use[i] after seed[(i*2)/3], seed[min((i*2 + 1)/3, cdiv(N, 3) - 1)], hop[(i*2)/3], hop[(i*2 + 1)/3]
+""")
+
+
+def test_a_read_of_a_peer_below_rank_0_is_refused_with_the_rank_and_the_peer():
+    """Seed 226624777 of the long differential run: `hop` runs on rank 0 (its guard is `rank != 1`) and
+    reads B@(-1), which no rank has; it was accepted and computed garbage."""
+    found = the_error(CHAIN_FROM_RANK_1, "no such rank")
+    assert "hop[0] on rank 0 reads 'B'@-1" in found.message
+    assert at(found) == where(CHAIN_FROM_RANK_1, "B@(rank - 1)")
+    assert found.witness.copy == -1 and found.witness.instance.rank == 0 and not found.witness.write
+
+
+def test_a_write_to_a_peer_past_the_last_rank_is_refused():
+    source = tds("""
+        program push
+        param N
+        in X : f32[N]
+        symm B : f32[N]
+        out Y : f32[N]
+        tile put[i in N / 2]: B@(rank + 1)[i*2 : +2] = X[i*2 : +2]
+        tile use[i in N / 2]: Y[i*2 : +2] = B[i*2 : +2]
+        use[i] after put[i] @ (rank - 1)
+    """)
+    found = the_error(source, "no such rank")
+    assert "writes 'B'@" in found.message and found.witness.write
+    assert found.witness.copy == found.witness.at.world and found.witness.instance.rank == found.witness.at.world - 1
+    assert at(found) == where(source, "B@(rank + 1)")
+
+
+def test_the_same_peer_wrapped_around_the_world_is_accepted():
+    wrapped = CHAIN_FROM_RANK_1.replace("B@(rank - 1)", "B@((rank - 1) mod world)")
+    assert not [d for d in errors_or_none(wrapped) if d.message.startswith("no such rank")]
+    guarded = CHAIN_FROM_RANK_1.replace("if rank != 1", "if rank > 1").replace("if rank == 1", "if rank == 0") \
+        .replace("seed[i] @ (rank - 1), hop[i] @ (rank - 1)", "seed[i] @ 0, hop[i] @ (rank - 1)")
+    assert not [d for d in errors_or_none(guarded) if d.message.startswith("no such rank")]
+
+
+def errors_or_none(source: str) -> list:
+    try:
+        run(source, until="check")
+    except TdsError as refusal:
+        return [d for d in refusal.diagnostics if d.severity == "error"]
+    return []

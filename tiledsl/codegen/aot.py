@@ -127,13 +127,65 @@ def compile_report(source, arch: str = "sm_90", consts: dict | None = None) -> s
     """`tiledsl build FILE --arch sm_90`: compile every kernel and return the table as text."""
     from tiledsl.api import build_module
     module = build_module(source, consts)
-    row = report(module, arch)
+    try:
+        row = report(module, arch)
+    except Exception as why:  # noqa: BLE001 - only Triton's element limit is ours to word; the rest re-raises
+        if _too_many_elements(why) is None:
+            raise
+        raise _block_too_large(source, module, arch, consts) from why
     if row.shared_bytes > gpus.for_arch(arch).shared_bytes:
         raise _too_much_shared_memory(source, module, arch, consts, row.shared_bytes)
     header = f"{'kernel':40} {'regs':>5} {'smem':>8} {'spills':>7} {'HGMMA':>6} {'cubin':>8}"
     hgmma = str(row.hgmma) if row.sass else "n/a"
     line = f"{row.name:40} {row.registers:5d} {row.shared_bytes:8d} {row.spill_bytes:7d} {hgmma:>6} {row.cubin_bytes:8d}"
     return f"{header}\n{line}\n(arch {arch})"
+
+
+NUMEL = re.compile(r"numel \((\d+)\) exceeds triton maximum tensor numel \((\d+)\)")
+PARAM_AT_BUILD = 4096  # what compile_kernel binds every param to
+
+
+def _too_many_elements(why: BaseException) -> tuple[int, int] | None:
+    """(elements, limit) where Triton refused a block over TRITON_MAX_TENSOR_NUMEL (2**20), anywhere in
+    the chain of causes (the CompilationError wraps the ValueError)."""
+    while why is not None:
+        found = NUMEL.search(str(why))
+        if found:
+            return int(found.group(1)), int(found.group(2))
+        why = why.__cause__ or why.__context__
+    return None
+
+
+def _block_too_large(source, module, arch: str, consts):
+    """The error of a tile whose block holds more elements than one Triton tensor may (a block over a
+    whole dimension, `K.T` across a 4096-long sequence), at that tile: each tile compiled alone."""
+    from tiledsl import pipeline
+    from tiledsl.diagnostics import TdsError, error
+    done = pipeline.run(source, until="check", consts=consts)
+    found = {}
+    for family in module.tds_FAMILIES:
+        if family.kind != "tile":
+            continue
+        try:
+            compile_kernel(module, arch, only=family.name)
+        except Exception as why:  # noqa: BLE001 - as above
+            if _too_many_elements(why) is None:
+                raise
+            found[family.name] = _too_many_elements(why)
+    name = next(iter(found), None)
+    elements, limit = found[name] if name else (None, 1 << 20)
+    family = done.schedule.families.get(name)
+    env = {"rank": 0, "world": 4, **module.tds_CONSTS, **{p: PARAM_AT_BUILD for p in module.tds_PARAMS}}
+    blocks = [str(v) for k, v in module.tds_blocks(env).items() if name and k.startswith(f"tds_BLOCK_{name}_")]
+    sizes = ", ".join(f"{p}={PARAM_AT_BUILD}" for p in module.tds_PARAMS)
+    what = (f"tile '{name}' holds a block of {elements} elements (its blocks {' x '.join(blocks)} at {sizes})"
+            if family is not None else "a block of the kernel is too large")
+    span = family.span if family is not None else done.schedule.program.name.span
+    return TdsError([error(f"{what}, more than the {limit} elements one Triton tensor may hold "
+                           f"(TRITON_MAX_TENSOR_NUMEL): the kernel cannot be compiled", span,
+                           "a block over a whole dimension (`K.T`, `X[i*B : +B, :]`) holds all of it at once; "
+                           "loop over that dimension in steps (`for k in cdiv(S, BK):`) with blocks of BK")],
+                    done.path, done.source)
 
 
 def _too_much_shared_memory(source, module, arch: str, consts, total: int):

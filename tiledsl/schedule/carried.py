@@ -1,5 +1,6 @@
-"""Values carried from one call to the next: a `reduce add` chunk adds into its target, and a `symm` or
-`local` target keeps what the last call left there, so a sum that nothing in the call clears grows
+"""Values carried from one call to the next: a `reduce add` chunk adds into its target (and a tile
+`S[...] = S[...] + X[...]` reads what it overwrites), and a `symm` or `local` target keeps what the
+last call left there, so a sum that nothing in the call clears grows
 call after call. Legal (a running total), but rarely meant: a warning, decided per element of each
 rank's copy on the concrete instances, like races."""
 from __future__ import annotations
@@ -23,13 +24,22 @@ def findings(concrete: Concrete):
     schedule = concrete.schedule
     adding = {id(r) for f in schedule.families.values() if f.reduce == "add" for r in f.writes
               if schedule.tensors[r.tensor].role in KEPT}
-    if not adding:
+    rewriting = {f.name for f in schedule.families.values()
+                 if {r.tensor for r in f.writes if schedule.tensors[r.tensor].role in KEPT} & {r.tensor for r in f.reads}}
+    if not adding and not rewriting:
         return
+    reads: dict[tuple[int, str, int], list] = defaultdict(list)  # (instance, tensor, copy) -> its reads
+    if rewriting:
+        for access in concrete.accesses:
+            if not access.write and not access.empty and concrete.instances[access.instance].family in rewriting:
+                reads[access.instance, access.region.tensor, access.copy].append(access)
     written: dict[tuple[str, int], list] = defaultdict(list)   # (tensor, copy) -> plain writes
     added: dict[tuple[str, int], list] = defaultdict(list)     # (tensor, copy) -> accumulations
     for access in concrete.accesses:
         if access.write and not access.empty:
-            (added if id(access.region) in adding else written)[access.region.tensor, access.copy].append(access)
+            accumulates = id(access.region) in adding or any(
+                _overlap(access, read) for read in reads.get((access.instance, access.region.tensor, access.copy), ()))
+            (added if accumulates else written)[access.region.tensor, access.copy].append(access)
     for (tensor, copy), accumulations in added.items():
         cleared = numpy.zeros(concrete.shapes[tensor], dtype=bool)
         for write in written.get((tensor, copy), ()):
@@ -39,15 +49,20 @@ def findings(concrete: Concrete):
                 continue
             family = concrete.instances[access.instance].family
             role = schedule.tensors[tensor].role.value
+            verb = "adds into" if id(access.region) in adding else "reads what it overwrites of"
             yield ("carried", tensor), warning(
-                f"{family_text(schedule, family)} adds into '{tensor}', which nothing in the call clears: "
-                f"each call's sum starts from what the last call left (at {sizes_text(concrete)})",
+                f"{family_text(schedule, family)} {verb} '{tensor}', which nothing in the call clears: "
+                f"each call's {'sum' if verb == 'adds into' else 'result'} starts from what the last call left (at {sizes_text(concrete)})",
                 access.region.span,
                 notes=[Note(f"'{tensor}' is `{role}`: its values outlive a call", schedule.tensors[tensor].span)],
                 hint=f"clear it first: a tile `{tensor}[...] = 0` that '{family}' waits on (an edge "
                      f"`{family}[...] after ...`)" + ("" if access.region.owner is not None else
                                                      f"; for a total kept over calls, make '{tensor}' `inout`"))
             break
+
+
+def _overlap(a, b) -> bool:
+    return all(max(lo1, lo2) < min(hi1, hi2) for lo1, hi1, lo2, hi2 in zip(a.lo, a.hi, b.lo, b.hi))
 
 
 def _box(access) -> tuple[slice, ...]:

@@ -19,7 +19,7 @@ from tiledsl.schedule import carried, ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
                                      launch_conditions, per_schedule, ragged_sizes, runs_on, small_sizes,
                                      topologies)
-from tiledsl.schedule.witness import Deadlock, FamilyCycle, OutOfBounds, Step, Unsignalled
+from tiledsl.schedule.witness import Deadlock, FamilyCycle, NoSuchRank, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
 SM_COUNT = gpus.DEFAULT.sms  # the default GPU's: programs that spin on signals must all be resident at once
@@ -207,7 +207,11 @@ def _bounds(concrete: Concrete):
     schedule = concrete.schedule
     slices = _program_slices(schedule)
     idle = None
+    world = concrete.world
     for access in concrete.accesses:
+        if not 0 <= access.copy < world:  # one pass over the accesses for both (the checker runs it often)
+            yield _no_such_rank(concrete, access)
+            continue
         shape = concrete.shapes[access.region.tensor]
         if all(first >= 0 and stop <= extent for (first, _, stop), extent in zip(access.reach, shape)):
             continue  # inside its tensor: no problem below can arise (the common case, kept cheap)
@@ -241,6 +245,20 @@ def _bounds(concrete: Concrete):
                      "`a : b` and indices may not",
                 witness=OutOfBounds(where(concrete), point(instance), access.region.tensor, dim, value, extent,
                                     stop=value == stop and first >= 0 and last < extent))
+
+
+def _no_such_rank(concrete: Concrete, access):
+    """`X@(rank - 1)` on rank 0 names a copy no rank has: the kernel would follow a peer pointer that
+    does not exist and the reference has nothing to read. Refused, with the rank and the peer it names
+    (`(rank - 1) mod world` stays inside)."""
+    instance = concrete.instances[access.instance]
+    verb = "writes" if access.write else "reads"
+    tensor = access.region.tensor
+    return ("peer", access.region.span), error(
+        f"no such rank: {at(instance)} {verb} '{tensor}'@{access.copy}, but ranks are "
+        f"0..{concrete.world - 1} (at {sizes_text(concrete)})", access.region.span,
+        hint=f"guard the {instance.family} family (`if rank > 0`), or wrap the peer around: `(...) mod world`",
+        witness=NoSuchRank(where(concrete), point(instance), tensor, access.copy, access.write))
 
 
 def _writing_nothing(concrete: Concrete) -> set[int]:

@@ -94,6 +94,17 @@ class OutOfBounds:
 
 
 @dataclass(frozen=True)
+class NoSuchRank:
+    """`instance` reads (or writes, with `write`) `tensor`@`copy`, but ranks are 0..world - 1: there is no
+    such copy (rank 0 reading `B@(rank - 1)`)."""
+    at: At
+    instance: Point
+    tensor: str
+    copy: int
+    write: bool
+
+
+@dataclass(frozen=True)
 class AcrossNodes:
     """`instance` reaches rank `copy`'s copy of `tensor` (writes it, with `write`) through a peer pointer,
     and `copy` is on another node, where pointers do not reach."""
@@ -114,4 +125,4 @@ class SignalAcross:
     edge: int
 
 
-Witness = Race | Deadlock | Unsignalled | FamilyCycle | OutOfBounds | AcrossNodes | SignalAcross
+Witness = Race | Deadlock | Unsignalled | FamilyCycle | OutOfBounds | NoSuchRank | AcrossNodes | SignalAcross
