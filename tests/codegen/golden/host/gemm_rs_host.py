@@ -67,10 +67,6 @@ tds_USES_NVSHMEM = False
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
-    BM = 128
-    BN = 256
-    BR = 32
-    BK = 64
     tds_found = {}
     tds_value = tds_shapes['A'][0]
     tds_found['M'] = M = tds_value
@@ -85,12 +81,7 @@ def tds_tensor_shapes(tds_env):
     M = tds_env['M']
     K = tds_env['K']
     N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
-    BM = tds_env['BM']
-    BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
         'A': (M, K, ),
         'B': (K, N, ),
@@ -101,14 +92,8 @@ def tds_tensor_shapes(tds_env):
 
 def tds_conditions(tds_env):
     M = tds_env['M']
-    K = tds_env['K']
-    N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
-    BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return [
         (M % world == 0, 'M must be divisible by world (programs/gemm_rs.tds:10)'),
         (M // world % BM == 0, 'M/world must be divisible by BM (programs/gemm_rs.tds:15)'),
@@ -118,14 +103,11 @@ def tds_conditions(tds_env):
 def tds_counts(tds_env):
     """Each family's instances."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
     BN = tds_env['BN']
     BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
         'mm': M * ((BN + N - 1) // BN) // BM,
         'red': (BN + N - 1) // BN * ((M + BR * world - 1) // (BR * world)),
@@ -134,15 +116,6 @@ def tds_counts(tds_env):
 
 def tds_blocks(tds_env):
     """Launch-time constexpr blocks: the power of two that covers each size."""
-    M = tds_env['M']
-    K = tds_env['K']
-    N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
-    BM = tds_env['BM']
-    BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
     }
 
@@ -150,14 +123,11 @@ def tds_blocks(tds_env):
 def tds_orders(tds_env):
     """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
     rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
     BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
         'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
                                            lambda i, j: ((world + i * BM * world // M - rank - 1) % world, j,

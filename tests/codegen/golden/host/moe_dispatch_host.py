@@ -136,9 +136,6 @@ tds_USES_NVSHMEM = False
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
-    BT = 8
-    BH = 2048
-    BR = 8
     tds_found = {}
     tds_value = tds_shapes['X'][0]
     tds_found['T'] = T = tds_value
@@ -159,11 +156,7 @@ def tds_tensor_shapes(tds_env):
     K = tds_env['K']
     E = tds_env['E']
     C = tds_env['C']
-    rank = tds_env['rank']
     world = tds_env['world']
-    BT = tds_env['BT']
-    BH = tds_env['BH']
-    BR = tds_env['BR']
     return {
         'X': (T, H, ),
         'ids': (T, K, ),
@@ -177,15 +170,7 @@ def tds_tensor_shapes(tds_env):
 
 
 def tds_conditions(tds_env):
-    T = tds_env['T']
-    H = tds_env['H']
-    K = tds_env['K']
-    E = tds_env['E']
-    C = tds_env['C']
-    rank = tds_env['rank']
-    world = tds_env['world']
     BT = tds_env['BT']
-    BH = tds_env['BH']
     BR = tds_env['BR']
     return [
         (BR % BT == 0, 'BR % BT == 0 is required (programs/moe_dispatch.tds:15)'),
@@ -198,8 +183,6 @@ def tds_counts(tds_env):
     H = tds_env['H']
     K = tds_env['K']
     E = tds_env['E']
-    C = tds_env['C']
-    rank = tds_env['rank']
     world = tds_env['world']
     BT = tds_env['BT']
     BH = tds_env['BH']
@@ -216,16 +199,8 @@ def tds_counts(tds_env):
 
 def tds_blocks(tds_env):
     """Launch-time constexpr blocks: the power of two that covers each size."""
-    T = tds_env['T']
-    H = tds_env['H']
-    K = tds_env['K']
     E = tds_env['E']
-    C = tds_env['C']
-    rank = tds_env['rank']
     world = tds_env['world']
-    BT = tds_env['BT']
-    BH = tds_env['BH']
-    BR = tds_env['BR']
     return {
         'tds_BLOCK_tally_groups': tds_launch.pow2_at_least(min(128, E * world)),
         'tds_BLOCK_route_groups': tds_launch.pow2_at_least(min(128, E * world)),
@@ -236,16 +211,9 @@ def tds_blocks(tds_env):
 
 def tds_orders(tds_env):
     """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
-    T = tds_env['T']
-    H = tds_env['H']
-    K = tds_env['K']
     E = tds_env['E']
-    C = tds_env['C']
     rank = tds_env['rank']
     world = tds_env['world']
-    BT = tds_env['BT']
-    BH = tds_env['BH']
-    BR = tds_env['BR']
     return {
         'tell': tds_launch.ordered_instances([world], lambda d: ((d - rank) % world, d)),
         'pull': tds_launch.ordered_instances([world, E], lambda s, e: ((s - rank) % world, e, s)),
