@@ -3,6 +3,7 @@ Jinja templates beside this file. Every decision is already in the plan; the tem
 printing filters here turn its expressions and records into text, and decide nothing."""
 from __future__ import annotations
 
+import ast
 import functools
 import re
 from pathlib import Path
@@ -44,7 +45,33 @@ def render(plan: KernelPlan) -> str:
     """The text of the generated module for `plan`."""
     text = _environment().get_template("module.py.jinja").render(plan=plan, copy_axes=COPY_AXES, axes_of=axes_of,
                                                                   renames=renames, unpack=unpack(plan))
-    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+    return without_unread_names("\n".join(line.rstrip() for line in text.splitlines()) + "\n")
+
+
+def without_unread_names(text: str) -> str:
+    """The module less each host function's names it never reads: every host function starts by naming
+    the sizes (`unpack`) and the consts, and keeps only those its own lines use, as a kernel family
+    takes only what it reads. Only a plain `name = value` of names, numbers and arithmetic is dropped;
+    removing one can leave another unread (a rank's node reads `local_world`), so until none is left."""
+    while True:
+        lines = text.splitlines(keepends=True)
+        drop: set[int] = set()
+        for function in ast.parse(text).body:
+            if not isinstance(function, ast.FunctionDef) or function.decorator_list:
+                continue  # kernels and their families are printed from what they read already
+            read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            for statement in function.body:
+                if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                        and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id not in read \
+                        and all(isinstance(n, _PURE) for n in ast.walk(statement.value)):
+                    drop.update(range(statement.lineno - 1, statement.end_lineno))
+        if not drop:
+            return text
+        text = "".join(line for n, line in enumerate(lines) if n not in drop)
+
+
+# what a dropped assignment's value may be made of: names, numbers, `tds_env['N']` and arithmetic
+_PURE = (ast.Name, ast.Constant, ast.Subscript, ast.BinOp, ast.UnaryOp, ast.Load, ast.operator, ast.unaryop)
 
 
 # ---- expressions -------------------------------------------------------------------------------------

@@ -157,9 +157,6 @@ tds_USES_NVSHMEM = False
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
-    BM = 128
-    BN = 256
-    BK = 64
     tds_found = {}
     tds_value = tds_shapes['A'][0]
     tds_found['M'] = M = tds_value * world
@@ -174,11 +171,7 @@ def tds_tensor_shapes(tds_env):
     M = tds_env['M']
     K = tds_env['K']
     N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
-    BM = tds_env['BM']
-    BN = tds_env['BN']
-    BK = tds_env['BK']
     return {
         'A': (M // world, K, ),
         'B': (K, N, ),
@@ -189,13 +182,8 @@ def tds_tensor_shapes(tds_env):
 
 def tds_conditions(tds_env):
     M = tds_env['M']
-    K = tds_env['K']
-    N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
-    BN = tds_env['BN']
-    BK = tds_env['BK']
     return [
         (M % world == 0, 'M must be divisible by world (programs/ag_gemm.tds:8)'),
         (M // world % BM == 0, 'M/world must be divisible by BM (programs/ag_gemm.tds:16)'),
@@ -205,13 +193,10 @@ def tds_conditions(tds_env):
 def tds_counts(tds_env):
     """Each family's instances."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
     BN = tds_env['BN']
-    BK = tds_env['BK']
     return {
         'gather': world,
         'mm': M * ((BN + N - 1) // BN) // BM,
@@ -220,14 +205,6 @@ def tds_counts(tds_env):
 
 def tds_blocks(tds_env):
     """Launch-time constexpr blocks: the power of two that covers each size."""
-    M = tds_env['M']
-    K = tds_env['K']
-    N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
-    BM = tds_env['BM']
-    BN = tds_env['BN']
-    BK = tds_env['BK']
     return {
     }
 
@@ -235,13 +212,11 @@ def tds_blocks(tds_env):
 def tds_orders(tds_env):
     """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
     rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
     BN = tds_env['BN']
-    BK = tds_env['BK']
     return {
         'gather': tds_launch.ordered_instances([world], lambda s: ((s - rank) % world, s)),
         'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
@@ -254,12 +229,7 @@ def tds_views_gather(tds_env, tds_tensor, tds_instance):
     """The source and target of one instance, as views of local or peer tensors."""
     M = tds_env['M']
     K = tds_env['K']
-    N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
-    BM = tds_env['BM']
-    BN = tds_env['BN']
-    BK = tds_env['BK']
     s, = tds_launch.unlinear(tds_instance, (world,))
     tds_source = tds_tensor('A', s)[0 : M // world, 0 : K]
     tds_target = tds_tensor('A_all', None)[s * M // world : M // world + s * M // world, 0 : K]

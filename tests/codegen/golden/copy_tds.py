@@ -106,7 +106,6 @@ tds_USES_NVSHMEM = False
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
-    BLOCK = 1024
     tds_found = {}
     tds_value = tds_shapes['X'][0]
     tds_found['N'] = N = tds_value
@@ -115,9 +114,6 @@ def tds_infer_params(tds_shapes, world):
 
 def tds_tensor_shapes(tds_env):
     N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
-    BLOCK = tds_env['BLOCK']
     return {
         'X': (N, ),
         'Y': (N, ),
@@ -125,10 +121,6 @@ def tds_tensor_shapes(tds_env):
 
 
 def tds_conditions(tds_env):
-    N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
-    BLOCK = tds_env['BLOCK']
     return [
     ]
 
@@ -136,8 +128,6 @@ def tds_conditions(tds_env):
 def tds_counts(tds_env):
     """Each family's instances."""
     N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
     BLOCK = tds_env['BLOCK']
     return {
         'cp': (BLOCK + N - 1) // BLOCK,
@@ -146,20 +136,12 @@ def tds_counts(tds_env):
 
 def tds_blocks(tds_env):
     """Launch-time constexpr blocks: the power of two that covers each size."""
-    N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
-    BLOCK = tds_env['BLOCK']
     return {
     }
 
 
 def tds_orders(tds_env):
     """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
-    N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
-    BLOCK = tds_env['BLOCK']
     return {
     }
 

@@ -202,10 +202,6 @@ tds_USES_NVSHMEM = False
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
-    BM = 128
-    BN = 256
-    BR = 32
-    BK = 64
     tds_found = {}
     tds_value = tds_shapes['A'][0]
     tds_found['M'] = M = tds_value
@@ -220,12 +216,7 @@ def tds_tensor_shapes(tds_env):
     M = tds_env['M']
     K = tds_env['K']
     N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
-    BM = tds_env['BM']
-    BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
         'A': (M, K, ),
         'B': (K, N, ),
@@ -237,14 +228,8 @@ def tds_tensor_shapes(tds_env):
 
 def tds_conditions(tds_env):
     M = tds_env['M']
-    K = tds_env['K']
-    N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
-    BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return [
         (M % world == 0, 'M must be divisible by world (programs/gemm_rs_ce.tds:15)'),
         (M // world % BM == 0, 'M/world must be divisible by BM (programs/gemm_rs_ce.tds:21)'),
@@ -254,14 +239,11 @@ def tds_conditions(tds_env):
 def tds_counts(tds_env):
     """Each family's instances."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
-    rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
     BN = tds_env['BN']
     BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
         'mm': M * ((BN + N - 1) // BN) // BM,
         'send': M // BM,
@@ -271,15 +253,6 @@ def tds_counts(tds_env):
 
 def tds_blocks(tds_env):
     """Launch-time constexpr blocks: the power of two that covers each size."""
-    M = tds_env['M']
-    K = tds_env['K']
-    N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
-    BM = tds_env['BM']
-    BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
     }
 
@@ -287,14 +260,11 @@ def tds_blocks(tds_env):
 def tds_orders(tds_env):
     """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
     rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
     BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     return {
         'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
                                            lambda i, j: ((world + i * BM * world // M - rank - 1) % world,
@@ -309,14 +279,10 @@ def tds_orders(tds_env):
 def tds_views_send(tds_env, tds_tensor, tds_instance):
     """The source and target of one instance, as views of local or peer tensors."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
     rank = tds_env['rank']
     world = tds_env['world']
     BM = tds_env['BM']
-    BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     i, = tds_launch.unlinear(tds_instance, (M // BM,))
     tds_source = tds_tensor('W', None)[i * BM : BM + i * BM, 0 : N]
     tds_target = tds_tensor('P', i * BM * world // M)[rank, i * BM % (M // world) : BM + i * BM % (M // world),
@@ -327,14 +293,9 @@ def tds_views_send(tds_env, tds_tensor, tds_instance):
 def tds_waits_send(tds_env, tds_instance):
     """What one instance waits for on the stream: (producer, index of its count, count to reach, edge)."""
     M = tds_env['M']
-    K = tds_env['K']
     N = tds_env['N']
-    rank = tds_env['rank']
-    world = tds_env['world']
     BM = tds_env['BM']
     BN = tds_env['BN']
-    BR = tds_env['BR']
-    BK = tds_env['BK']
     i, = tds_launch.unlinear(tds_instance, (M // BM,))
     return [  # a row outside the producer's names no instance: no wait (schedule/meaning.py)
         ('mm', i, (BN + N - 1) // BN, 0),

@@ -1,0 +1,140 @@
+# ---- host side: what the launcher in tiledsl.runtime.launch needs to know about this program ----
+
+# The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
+# replay all follow this list.
+tds_ARGS = (
+    tds_launch.Arg('A', 'tensor', of='A', dtype='bfloat16'),
+    tds_launch.Arg('B', 'tensor', of='B', dtype='bfloat16'),
+    tds_launch.Arg('C', 'tensor', of='C', dtype='bfloat16'),
+    tds_launch.Arg('P', 'tensor', of='P', dtype='bfloat16'),
+    tds_launch.Arg('tds_peers_P', 'peers', of='P', dtype='int64'),
+    tds_launch.Arg('tds_sig_mm', 'signals', of='mm', dtype='int32'),
+    tds_launch.Arg('tds_sigpeers_mm', 'signal_peers', of='mm', dtype='int64'),
+    tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
+    tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A', dtype='bfloat16', block=(128, 64)),
+    tds_launch.Arg('tds_desc_mm_b', 'descriptor', of='B', dtype='bfloat16', block=(64, 256)),
+    tds_launch.Arg('M', 'size'),
+    tds_launch.Arg('K', 'size'),
+    tds_launch.Arg('N', 'size'),
+    tds_launch.Arg('rank', 'size'),
+    tds_launch.Arg('world', 'size'),
+    tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
+    tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
+    tds_launch.Arg('tds_max_spins', 'max_spins'),
+    tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
+    tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
+    tds_launch.Arg('BM', 'const'),
+    tds_launch.Arg('BN', 'const'),
+    tds_launch.Arg('BR', 'const'),
+    tds_launch.Arg('BK', 'const'),
+    tds_launch.Arg('tds_trace_mm', 'trace', of='mm', dtype='int64'),
+    tds_launch.Arg('tds_trace_red', 'trace', of='red', dtype='int64'),
+    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
+    tds_launch.Arg('tds_ENTER', 'role'),
+    tds_launch.Arg('tds_EXIT', 'role'),
+    tds_launch.Arg('tds_TRACE', 'role'),
+    tds_launch.Arg('tds_RUN_mm', 'role', of='mm'),
+    tds_launch.Arg('tds_START_mm', 'role', of='mm'),
+    tds_launch.Arg('tds_PROGRAMS_mm', 'role', of='mm'),
+    tds_launch.Arg('tds_RUN_red', 'role', of='red'),
+    tds_launch.Arg('tds_START_red', 'role', of='red'),
+    tds_launch.Arg('tds_PROGRAMS_red', 'role', of='red'),
+)
+tds_TENSORS = (
+    tds_launch.TensorSpec('A', 'in', 'bfloat16', staged=False, peers=False,
+                          where='programs/gemm_rs.tds:8 in A : bf16[M, K]'),
+    tds_launch.TensorSpec('B', 'in', 'bfloat16', staged=False, peers=False,
+                          where='programs/gemm_rs.tds:9 in B : bf16[K, N]'),
+    tds_launch.TensorSpec('C', 'out', 'bfloat16', staged=False, peers=False,
+                          where='programs/gemm_rs.tds:10 out C : bf16[M / world, N]'),
+    tds_launch.TensorSpec('P', 'symm', 'bfloat16', staged=False, peers=True,
+                          where='programs/gemm_rs.tds:11 symm P : bf16[world, M / world, N]'),
+)
+tds_FAMILIES = (
+    tds_launch.FamilySpec('mm', 'tile', 'sms', programs=None, notify='all',
+                          split=1, ordered=True, matmul=True, counted=False),
+    tds_launch.FamilySpec('red', 'tile', 'sms', programs=None, notify=None,
+                          split=1, ordered=False, matmul=False, counted=False),
+)
+tds_EDGES = (
+    'programs/gemm_rs.tds:17 red[i, j] after mm[(rank*Ms + i*BR)/BM, j] @ every rank',
+)
+tds_PARAMS = ('M', 'K', 'N', )
+tds_CONSTS = {'BM': 128, 'BN': 256, 'BR': 32, 'BK': 64}
+tds_DISTRIBUTED = True
+tds_USES_NVSHMEM = False
+
+
+def tds_infer_params(tds_shapes, world):
+    """The params, read off the caller's tensors."""
+    tds_found = {}
+    tds_value = tds_shapes['A'][0]
+    tds_found['M'] = M = tds_value
+    tds_value = tds_shapes['A'][1]
+    tds_found['K'] = K = tds_value
+    tds_value = tds_shapes['B'][1]
+    tds_found['N'] = N = tds_value
+    return tds_found
+
+
+def tds_tensor_shapes(tds_env):
+    M = tds_env['M']
+    K = tds_env['K']
+    N = tds_env['N']
+    world = tds_env['world']
+    return {
+        'A': (M, K, ),
+        'B': (K, N, ),
+        'C': (M // world, N, ),
+        'P': (world, M // world, N, ),
+    }
+
+
+def tds_conditions(tds_env):
+    M = tds_env['M']
+    world = tds_env['world']
+    BM = tds_env['BM']
+    return [
+        (M % world == 0, 'M must be divisible by world (programs/gemm_rs.tds:10)'),
+        (M // world % BM == 0, 'M/world must be divisible by BM (programs/gemm_rs.tds:15)'),
+    ]
+
+
+def tds_counts(tds_env):
+    """Each family's instances."""
+    M = tds_env['M']
+    N = tds_env['N']
+    world = tds_env['world']
+    BM = tds_env['BM']
+    BN = tds_env['BN']
+    BR = tds_env['BR']
+    return {
+        'mm': M * ((BN + N - 1) // BN) // BM,
+        'red': (BN + N - 1) // BN * ((M + BR * world - 1) // (BR * world)),
+    }
+
+
+def tds_blocks(tds_env):
+    """Launch-time constexpr blocks: the power of two that covers each size."""
+    return {
+    }
+
+
+def tds_orders(tds_env):
+    """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
+    M = tds_env['M']
+    N = tds_env['N']
+    rank = tds_env['rank']
+    world = tds_env['world']
+    BM = tds_env['BM']
+    BN = tds_env['BN']
+    return {
+        'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
+                                           lambda i, j: ((world + i * BM * world // M - rank - 1) % world, j,
+                                                         i // 8, i)),
+    }
+
+
+def tds_load(**tds_options):
+    """The callable program: `tds_load(heap=heap)(A, B, C)` under torchrun, or emulated on a CPU."""
+    return tds_launch.Program(tds_sys.modules[__name__], **tds_options)

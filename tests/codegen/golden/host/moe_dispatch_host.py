@@ -1,0 +1,225 @@
+# ---- host side: what the launcher in tiledsl.runtime.launch needs to know about this program ----
+
+# The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
+# replay all follow this list.
+tds_ARGS = (
+    tds_launch.Arg('X', 'tensor', of='X', dtype='bfloat16'),
+    tds_launch.Arg('ids', 'tensor', of='ids', dtype='int32'),
+    tds_launch.Arg('recv', 'tensor', of='recv', dtype='bfloat16'),
+    tds_launch.Arg('count', 'tensor', of='count', dtype='int32'),
+    tds_launch.Arg('slot', 'tensor', of='slot', dtype='int32'),
+    tds_launch.Arg('sent', 'tensor', of='sent', dtype='int32'),
+    tds_launch.Arg('got', 'tensor', of='got', dtype='int32'),
+    tds_launch.Arg('tds_peers_got', 'peers', of='got', dtype='int64'),
+    tds_launch.Arg('send', 'tensor', of='send', dtype='bfloat16'),
+    tds_launch.Arg('tds_peers_send', 'peers', of='send', dtype='int64'),
+    tds_launch.Arg('tds_sig_tally', 'signals', of='tally', dtype='int32'),
+    tds_launch.Arg('tds_sig_route', 'signals', of='route', dtype='int32'),
+    tds_launch.Arg('tds_sig_pack', 'signals', of='pack', dtype='int32'),
+    tds_launch.Arg('tds_sigpeers_pack', 'signal_peers', of='pack', dtype='int64'),
+    tds_launch.Arg('tds_sig_tell', 'signals', of='tell', dtype='int32'),
+    tds_launch.Arg('tds_sigpeers_tell', 'signal_peers', of='tell', dtype='int64'),
+    tds_launch.Arg('tds_order_tell', 'order', of='tell', dtype='int32'),
+    tds_launch.Arg('tds_order_pull', 'order', of='pull', dtype='int32'),
+    tds_launch.Arg('T', 'size'),
+    tds_launch.Arg('H', 'size'),
+    tds_launch.Arg('K', 'size'),
+    tds_launch.Arg('E', 'size'),
+    tds_launch.Arg('C', 'size'),
+    tds_launch.Arg('rank', 'size'),
+    tds_launch.Arg('world', 'size'),
+    tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
+    tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
+    tds_launch.Arg('tds_max_spins', 'max_spins'),
+    tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
+    tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
+    tds_launch.Arg('BT', 'const'),
+    tds_launch.Arg('BH', 'const'),
+    tds_launch.Arg('BR', 'const'),
+    tds_launch.Arg('tds_BLOCK_tally_groups', 'block'),
+    tds_launch.Arg('tds_BLOCK_route_groups', 'block'),
+    tds_launch.Arg('tds_BLOCK_keep_0', 'block'),
+    tds_launch.Arg('tds_BLOCK_keep_1', 'block'),
+    tds_launch.Arg('tds_trace_tally', 'trace', of='tally', dtype='int64'),
+    tds_launch.Arg('tds_trace_route', 'trace', of='route', dtype='int64'),
+    tds_launch.Arg('tds_trace_pack', 'trace', of='pack', dtype='int64'),
+    tds_launch.Arg('tds_trace_tell', 'trace', of='tell', dtype='int64'),
+    tds_launch.Arg('tds_trace_pull', 'trace', of='pull', dtype='int64'),
+    tds_launch.Arg('tds_trace_keep', 'trace', of='keep', dtype='int64'),
+    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
+    tds_launch.Arg('tds_ENTER', 'role'),
+    tds_launch.Arg('tds_EXIT', 'role'),
+    tds_launch.Arg('tds_TRACE', 'role'),
+    tds_launch.Arg('tds_RUN_tally', 'role', of='tally'),
+    tds_launch.Arg('tds_START_tally', 'role', of='tally'),
+    tds_launch.Arg('tds_PROGRAMS_tally', 'role', of='tally'),
+    tds_launch.Arg('tds_RUN_route', 'role', of='route'),
+    tds_launch.Arg('tds_START_route', 'role', of='route'),
+    tds_launch.Arg('tds_PROGRAMS_route', 'role', of='route'),
+    tds_launch.Arg('tds_RUN_pack', 'role', of='pack'),
+    tds_launch.Arg('tds_START_pack', 'role', of='pack'),
+    tds_launch.Arg('tds_PROGRAMS_pack', 'role', of='pack'),
+    tds_launch.Arg('tds_RUN_tell', 'role', of='tell'),
+    tds_launch.Arg('tds_START_tell', 'role', of='tell'),
+    tds_launch.Arg('tds_PROGRAMS_tell', 'role', of='tell'),
+    tds_launch.Arg('tds_RUN_pull', 'role', of='pull'),
+    tds_launch.Arg('tds_START_pull', 'role', of='pull'),
+    tds_launch.Arg('tds_PROGRAMS_pull', 'role', of='pull'),
+    tds_launch.Arg('tds_RUN_keep', 'role', of='keep'),
+    tds_launch.Arg('tds_START_keep', 'role', of='keep'),
+    tds_launch.Arg('tds_PROGRAMS_keep', 'role', of='keep'),
+)
+tds_TENSORS = (
+    tds_launch.TensorSpec('X', 'in', 'bfloat16', staged=False, peers=False,
+                          where='programs/moe_dispatch.tds:17 in X : bf16[T, H]'),
+    tds_launch.TensorSpec('ids', 'in', 'int32', staged=False, peers=False,
+                          where='programs/moe_dispatch.tds:18 in ids : i32[T, K]'),
+    tds_launch.TensorSpec('recv', 'out', 'bfloat16', staged=False, peers=False,
+                          where='programs/moe_dispatch.tds:19 out recv : bf16[E, world, C, H] upto count'),
+    tds_launch.TensorSpec('count', 'out', 'int32', staged=False, peers=False,
+                          where='programs/moe_dispatch.tds:20 out count : i32[E, world] cap C'),
+    tds_launch.TensorSpec('slot', 'out', 'int32', staged=False, peers=False,
+                          where='programs/moe_dispatch.tds:21 out slot : i32[T, K]'),
+    tds_launch.TensorSpec('sent', 'symm', 'int32', staged=False, peers=False,
+                          where='programs/moe_dispatch.tds:22 symm sent : i32[NE] cap C'),
+    tds_launch.TensorSpec('got', 'symm', 'int32', staged=False, peers=True,
+                          where='programs/moe_dispatch.tds:23 symm got : i32[E, world] cap C'),
+    tds_launch.TensorSpec('send', 'symm', 'bfloat16', staged=False, peers=True,
+                          where='programs/moe_dispatch.tds:24 symm send : bf16[NE, C, H]'),
+)
+tds_FAMILIES = (
+    tds_launch.FamilySpec('tally', 'tile', 'sms', programs=None, notify='local',
+                          split=1, ordered=False, matmul=False, counted=False),
+    tds_launch.FamilySpec('route', 'tile', 'sms', programs=None, notify='local',
+                          split=1, ordered=False, matmul=False, counted=False),
+    tds_launch.FamilySpec('pack', 'tile', 'sms', programs=None, notify='all',
+                          split=1, ordered=False, matmul=False, counted=False),
+    tds_launch.FamilySpec('tell', 'chunk', 'sms', programs=1, notify='all',
+                          split=1, ordered=True, matmul=False, counted=False),
+    tds_launch.FamilySpec('pull', 'chunk', 'sms', programs=None, notify=None,
+                          split=1, ordered=True, matmul=False, counted=False),
+    tds_launch.FamilySpec('keep', 'tile', 'sms', programs=None, notify=None,
+                          split=1, ordered=False, matmul=False, counted=False),
+)
+tds_EDGES = (
+    'programs/moe_dispatch.tds:35 pack[t, k, h] after route[(t*BT) / BR]',
+    'programs/moe_dispatch.tds:36 tell[d] after tally',
+    'programs/moe_dispatch.tds:37 pull[s, e] after tell[rank] @ s, pack[*, *, *] @ s',
+    'programs/moe_dispatch.tds:37 pull[s, e] after tell[rank] @ s, pack[*, *, *] @ s',
+    'programs/moe_dispatch.tds:38 keep after tell[rank] @ every rank',
+)
+# What each guard site reports: (kind, tensor whose element broke its bound, what the bound belongs to,
+# declaration); a kernel that reports one gives -3 - site as the edge in its diagnostics.
+tds_GUARDS = (
+    ('capacity', 'sent', 'sent',
+     'programs/moe_dispatch.tds:22 `symm sent : i32[NE] cap C # sent[x]: rows this rank sends to expert x`'),
+    ('index', 'ids', 'histogram()',
+     'programs/moe_dispatch.tds:18 `in ids : i32[T, K] # top-k expert ids, 0 .. NE-1`'),
+    ('index', 'ids', 'arrival()',
+     'programs/moe_dispatch.tds:18 `in ids : i32[T, K] # top-k expert ids, 0 .. NE-1`'),
+    ('index', 'ids', 'send',
+     'programs/moe_dispatch.tds:18 `in ids : i32[T, K] # top-k expert ids, 0 .. NE-1`'),
+    ('index', 'slot', 'send',
+     "programs/moe_dispatch.tds:21 `out slot : i32[T, K] # slot[t, k]: where (t, k) landed among its expert's "
+     'rows`'),
+    ('capacity', 'got', 'got',
+     'programs/moe_dispatch.tds:23 `symm got : i32[E, world] cap C`'),
+    ('capacity', 'count', 'count',
+     'programs/moe_dispatch.tds:20 `out count : i32[E, world] cap C # count[e, s]: rows rank s sent to local '
+     'expert e`'),
+)
+tds_PARAMS = ('T', 'H', 'K', 'E', 'C', )
+tds_CONSTS = {'BT': 8, 'BH': 2048, 'BR': 8}
+tds_DISTRIBUTED = True
+tds_USES_NVSHMEM = False
+
+
+def tds_infer_params(tds_shapes, world):
+    """The params, read off the caller's tensors."""
+    tds_found = {}
+    tds_value = tds_shapes['X'][0]
+    tds_found['T'] = T = tds_value
+    tds_value = tds_shapes['X'][1]
+    tds_found['H'] = H = tds_value
+    tds_value = tds_shapes['ids'][1]
+    tds_found['K'] = K = tds_value
+    tds_value = tds_shapes['recv'][0]
+    tds_found['E'] = E = tds_value
+    tds_value = tds_shapes['recv'][2]
+    tds_found['C'] = C = tds_value
+    return tds_found
+
+
+def tds_tensor_shapes(tds_env):
+    T = tds_env['T']
+    H = tds_env['H']
+    K = tds_env['K']
+    E = tds_env['E']
+    C = tds_env['C']
+    world = tds_env['world']
+    return {
+        'X': (T, H, ),
+        'ids': (T, K, ),
+        'recv': (E, world, C, H, ),
+        'count': (E, world, ),
+        'slot': (T, K, ),
+        'sent': (E * world, ),
+        'got': (E, world, ),
+        'send': (E * world, C, H, ),
+    }
+
+
+def tds_conditions(tds_env):
+    BT = tds_env['BT']
+    BR = tds_env['BR']
+    return [
+        (BR % BT == 0, 'BR % BT == 0 is required (programs/moe_dispatch.tds:15)'),
+    ]
+
+
+def tds_counts(tds_env):
+    """Each family's instances."""
+    T = tds_env['T']
+    H = tds_env['H']
+    K = tds_env['K']
+    E = tds_env['E']
+    world = tds_env['world']
+    BT = tds_env['BT']
+    BH = tds_env['BH']
+    BR = tds_env['BR']
+    return {
+        'tally': 1,
+        'route': (BR + T - 1) // BR,
+        'pack': K * ((BH + H - 1) // BH) * ((BT + T - 1) // BT),
+        'tell': world,
+        'pull': E * world,
+        'keep': 1,
+    }
+
+
+def tds_blocks(tds_env):
+    """Launch-time constexpr blocks: the power of two that covers each size."""
+    E = tds_env['E']
+    world = tds_env['world']
+    return {
+        'tds_BLOCK_tally_groups': tds_launch.pow2_at_least(min(128, E * world)),
+        'tds_BLOCK_route_groups': tds_launch.pow2_at_least(min(128, E * world)),
+        'tds_BLOCK_keep_0': tds_launch.pow2_at_least(E),
+        'tds_BLOCK_keep_1': tds_launch.pow2_at_least(world),
+    }
+
+
+def tds_orders(tds_env):
+    """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
+    E = tds_env['E']
+    rank = tds_env['rank']
+    world = tds_env['world']
+    return {
+        'tell': tds_launch.ordered_instances([world], lambda d: ((d - rank) % world, d)),
+        'pull': tds_launch.ordered_instances([world, E], lambda s, e: ((s - rank) % world, e, s)),
+    }
+
+
+def tds_load(**tds_options):
+    """The callable program: `tds_load(heap=heap)(A, B, C)` under torchrun, or emulated on a CPU."""
+    return tds_launch.Program(tds_sys.modules[__name__], **tds_options)
