@@ -30,6 +30,16 @@ def arch_number(arch: str) -> int:
     return int(match.group(1))
 
 
+PARAM_AT_BUILD = 4096  # every param of a build without a GPU, unless `sizes` names it
+
+
+def build_env(module, sizes: dict | None = None) -> dict:
+    """The environment a build for an arch (no GPU, no launch) evaluates the module's blocks in: rank 0
+    of 4 on 2 nodes, every param PARAM_AT_BUILD."""
+    return {"rank": 0, "world": 4, "nodes": 2, "local_world": 2, **module.tds_CONSTS,
+            **{p: PARAM_AT_BUILD for p in module.tds_PARAMS}, **(sizes or {})}
+
+
 def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None,
                    trace: bool = False, options: dict | None = None, only: str | None = None):
     """Compile `module.tds_kernel` for `arch` with every family enabled (or family `only`); returns
@@ -41,8 +51,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
 
     from tiledsl.runtime.specs import Kind, kernel_options, operand_bytes
 
-    env = {"rank": 0, "world": 4, "nodes": 2, "local_world": 2, **module.tds_CONSTS,
-           **{p: 4096 for p in module.tds_PARAMS}, **(sizes or {})}
+    env = build_env(module, sizes)
     blocks = module.tds_blocks(env)
     tensors = {t.name for t in module.tds_TENSORS}
     # What the JIT assumes on a GPU: torch's allocations are 16-byte aligned, and an integer argument
@@ -142,7 +151,6 @@ def compile_report(source, arch: str = "sm_90", consts: dict | None = None) -> s
 
 
 NUMEL = re.compile(r"numel \((\d+)\) exceeds triton maximum tensor numel \((\d+)\)")
-PARAM_AT_BUILD = 4096  # what compile_kernel binds every param to
 
 
 def _too_many_elements(why: BaseException) -> tuple[int, int] | None:
@@ -169,14 +177,14 @@ def _block_too_large(source, module, arch: str, consts):
         try:
             compile_kernel(module, arch, only=family.name)
         except Exception as why:  # noqa: BLE001 - as above
-            if _too_many_elements(why) is None:
-                raise
             found[family.name] = _too_many_elements(why)
+            if found[family.name] is None:
+                raise
     name = next(iter(found), None)
     elements, limit = found[name] if name else (None, 1 << 20)
     family = done.schedule.families.get(name)
-    env = {"rank": 0, "world": 4, **module.tds_CONSTS, **{p: PARAM_AT_BUILD for p in module.tds_PARAMS}}
-    blocks = [str(v) for k, v in module.tds_blocks(env).items() if name and k.startswith(f"tds_BLOCK_{name}_")]
+    blocks = [str(v) for k, v in module.tds_blocks(build_env(module)).items()
+              if name and k.startswith(f"tds_BLOCK_{name}_")]
     sizes = ", ".join(f"{p}={PARAM_AT_BUILD}" for p in module.tds_PARAMS)
     what = (f"tile '{name}' holds a block of {elements} elements (its blocks {' x '.join(blocks)} at {sizes})"
             if family is not None else "a block of the kernel is too large")
