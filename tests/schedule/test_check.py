@@ -70,8 +70,10 @@ def test_every_program_checks_clean_and_fast(path):
     run(path, until="check")  # warm: the grammar is compiled and expressions are cached once per process
     source = path.read_text()
     # the best of five, in CPU time with the collector paused: what the check itself costs, not other
-    # work on busy cores nor a collection of the garbage earlier tests left (timeit's rule). The slowest
-    # program takes 0.23-0.30 s alone on a 2-core VM, and up to 2x that beside other work (CI once)
+    # work on busy cores nor a collection of the garbage earlier tests left (timeit's rule). A guard
+    # against a check that blows up (a loop per element, an exponential case split), not a benchmark:
+    # the slowest programs (sp_ag_attention, ag_group_gemm) take 0.4-0.6 s alone on a 2-core VM and
+    # up to 2x that in CI beside the other worker (0.87 s on 2026-12-02), so the bound is 2 s
     seconds = []
     gc.collect()
     gc.disable()
@@ -82,7 +84,7 @@ def test_every_program_checks_clean_and_fast(path):
             seconds.append(time.process_time() - start)
     finally:
         gc.enable()
-    assert min(seconds) < 0.5, seconds
+    assert min(seconds) < 2.0, seconds
     assert done.warnings == []
 
 

@@ -209,13 +209,15 @@ def test_following_the_hints_of_a_racy_program_gives_an_accepted_one(name):
 
 
 def test_following_the_hints_of_generated_racy_programs_never_deadlocks():
-    """Generated programs that race (and have no deadlock of their own): every hint that names an edge,
-    followed, leads to an accepted program within a few steps."""
+    """Generated programs whose only errors are races: every hint that names an edge, followed, leads
+    to an accepted program within a few steps. Programs with an error no edge can mend (a deadlock of
+    their own, a read of a rank that does not exist, as `B@(rank - 1)` on rank 0) are left out: their
+    refusal stands after any edge, and is the checker's to show, not the hint's."""
     followed = accepted = 0
     for seed in SEEDS:
         generated = generate(seed)
         found = check_errors(generated.source)
-        if not any(d.message.startswith("race") for d in found) or any(is_deadlock(d) for d in found):
+        if not found or not all(d.message.startswith("race") for d in found):
             continue
         verdict, added = follow(generated.source)
         if verdict.startswith("unfollowable"):

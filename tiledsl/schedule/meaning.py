@@ -852,7 +852,8 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                                                  *(e for d in dims for e in d)))
         evaluate = functools.partial(compile_exprs(exprs, symbols), *values)
         mentioned = set().union(*(sympy.sympify(e).free_symbols for e in exprs))
-        hulled = any(s in mentioned for s in hull)
+        runs_along = [s in mentioned for s in hull]  # once: sympy's == is dear, and this is per instance
+        hulled = any(runs_along)
         shape = done.shapes[region.tensor]
         accesses = done.accesses
         for rank in range(done.world):
@@ -872,7 +873,7 @@ def _family_accesses(done: Concrete, family: ir.Family, values: tuple) -> None:
                         accesses.append(_box(position, region, write, owner, (dims,), shape, node, through))
                         continue
                     extents = hull_extents(*values, rank, *index, *step)
-                    looped = [range(max(0, n)) if s in mentioned else range(1) for s, n in zip(hull, extents)]
+                    looped = [range(max(0, n)) if along else range(1) for along, n in zip(runs_along, extents)]
                     by_copy: dict[int, list[tuple]] = {}
                     for loop_values in itertools.product(*looped):
                         owner, *dims = evaluate(rank, *index, *step, *loop_values)
