@@ -1,5 +1,12 @@
 """tiledsl: a language, compiler and runtime for GPU kernels that overlap communication with compute."""
+import os as _os
+
 __version__ = "0.1.0"
+
+# Triton 3.9 warns on every compile that its FP-fusion default will change in 3.10 unless this is set;
+# setting it to its current default (fusion on, what the kernels were checked and timed with) keeps the
+# behaviour and keeps the warning off the user's terminal. A value the user set stands.
+_os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 
 def compile(source, heap=None, **options):  # noqa: A001 - the natural name, as in torch.compile

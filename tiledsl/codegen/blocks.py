@@ -67,7 +67,9 @@ class _Block:
         from tiledsl.codegen.device import DeviceValues, Sites
         self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
         self.step_waits = step_waits
-        self.names: set[str] = set(TEMPLATE_NAMES)
+        # the block's own names too (the user's, or products.py's accumulators): no value is named like them
+        self.names: set[str] = set(TEMPLATE_NAMES) | {s.name for s in _all_lets(family.body)} | \
+            {s.var.name for s in _all_loops(family.body)}
         self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time blocks: name, the size it covers
         self.block_of: dict = {}
         self.aranges: dict[tuple, str] = {}
@@ -540,6 +542,13 @@ def _all_lets(items):
             yield s
         elif isinstance(s, ir.Loop):
             yield from _all_lets(s.body)
+
+
+def _all_loops(items):
+    for s in items:
+        if isinstance(s, ir.Loop):
+            yield s
+            yield from _all_loops(s.body)
 
 
 def _tensor_of(value) -> str | None:

@@ -449,6 +449,10 @@ def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],
             raise LoweringError(f"tile '{family.name}': a tile written as a block (names, a loop, where, row "
                                 "reductions) does not read tensor elements as sizes yet (a loop's extent, a "
                                 "named size), nor route")
+        if not family.body:  # several products in one tile: one K loop for them all
+            from tiledsl.codegen.blocks import TEMPLATE_NAMES
+            from tiledsl.codegen.products import split_k
+            family = split_k(schedule, family, consts, set(TEMPLATE_NAMES))
         return lower_block(schedule, family, consts, kernel, step_waits, sites)
     return _Tile(schedule, family, consts, kernel, sites).lower()
 
@@ -456,7 +460,10 @@ def tile_body(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int],
 def written_as_block(family: ir.Family) -> bool:
     """Whether a tile takes the block lowering (codegen/blocks.py) rather than the one-block one."""
     from tiledsl.codegen.blocks import exotic
-    return bool(family.body) or any(exotic(s.value) for s in family.stores)
+    from tiledsl.codegen.products import products
+    # the one-block lowering's TMA pipeline takes one product; a tile with more is a block (products.py)
+    return bool(family.body) or any(exotic(s.value) for s in family.stores) or \
+        sum(products(s.value) for s in family.stores) > 1
 
 
 def _device_sized(statements) -> bool:
