@@ -130,7 +130,7 @@ def tds_counts(tds_env):
     N = tds_env['N']
     BLOCK = tds_env['BLOCK']
     return {
-        'cp': (BLOCK + N - 1) // BLOCK,
+        'cp': tds_int.cdiv(N, BLOCK),
     }
 
 

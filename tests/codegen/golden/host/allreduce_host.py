@@ -64,7 +64,7 @@ def tds_counts(tds_env):
     N = tds_env['N']
     BLOCK = tds_env['BLOCK']
     return {
-        'add': (BLOCK + N - 1) // BLOCK,
+        'add': tds_int.cdiv(N, BLOCK),
     }
 
 
