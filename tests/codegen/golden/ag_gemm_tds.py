@@ -203,12 +203,6 @@ def tds_counts(tds_env):
     }
 
 
-def tds_blocks(tds_env):
-    """Launch-time constexpr blocks: the power of two that covers each size."""
-    return {
-    }
-
-
 def tds_orders(tds_env):
     """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
     M = tds_env['M']

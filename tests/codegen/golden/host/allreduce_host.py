@@ -68,18 +68,6 @@ def tds_counts(tds_env):
     }
 
 
-def tds_blocks(tds_env):
-    """Launch-time constexpr blocks: the power of two that covers each size."""
-    return {
-    }
-
-
-def tds_orders(tds_env):
-    """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
-    return {
-    }
-
-
 def tds_load(**tds_options):
     """The callable program: `tds_load(heap=heap)(A, B, C)` under torchrun, or emulated on a CPU."""
     return tds_launch.Program(tds_sys.modules[__name__], **tds_options)
