@@ -51,3 +51,15 @@ def test_strict_names_refuse_a_symbol_without_a_value():
     with pytest.raises(ValueError, match="'y' has no value here"):
         code(x + y, kernel=False, names={"x": "a"}, strict=True)
     assert code(x + y, names={"x": "a"}) == "a + y"  # not strict: a symbol keeps its own name
+
+
+def test_host_code_rounds_up_with_the_named_cdiv_as_kernels_do_with_tl_cdiv():
+    from tiledsl.runtime.intmath import cdiv
+    n, b = sympy.symbols("n b", integer=True, positive=True)
+    assert code(sympy.ceiling(n / b)) == "tl.cdiv(n, b)"
+    assert code(sympy.ceiling(n / b), kernel=False, cdiv="tds_int.cdiv") == "tds_int.cdiv(n, b)"
+    assert code(sympy.ceiling(n / b), kernel=False) == "(b + n - 1) // b"  # the checker's: no import
+    assert code(sympy.ceiling(n / b), cdiv="tds_int.cdiv") == "tl.cdiv(n, b)"  # kernels keep Triton's
+    text = code(sympy.ceiling(x / y), kernel=False, cdiv="cdiv")  # a numerator of any sign
+    for a, d in ((-7, 2), (7, 2), (-8, 2), (0, 3), (5, 5)):
+        assert eval(text, {"cdiv": cdiv}, {"x": a, "y": d}) == -(-a // d)

@@ -49,10 +49,10 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tiledsl.runtime.specs import Kind, kernel_options, operand_bytes
+    from tiledsl.runtime.specs import Kind, host_table, kernel_options, operand_bytes
 
     env = build_env(module, sizes)
-    blocks = module.tds_blocks(env)
+    blocks = host_table(module, "tds_blocks", env)
     tensors = {t.name for t in module.tds_TENSORS}
     # What the JIT assumes on a GPU: torch's allocations are 16-byte aligned, and an integer argument
     # that 16 divides is marked so (rank and the spin bound are never specialised). Without it the
@@ -183,7 +183,8 @@ def _block_too_large(source, module, arch: str, consts):
     name = next(iter(found), None)
     elements, limit = found[name] if name else (None, 1 << 20)
     family = done.schedule.families.get(name)
-    blocks = [str(v) for k, v in module.tds_blocks(build_env(module)).items()
+    from tiledsl.runtime.specs import host_table
+    blocks = [str(v) for k, v in host_table(module, "tds_blocks", build_env(module)).items()
               if name and k.startswith(f"tds_BLOCK_{name}_")]
     sizes = ", ".join(f"{p}={PARAM_AT_BUILD}" for p in module.tds_PARAMS)
     what = (f"tile '{name}' holds a block of {elements} elements (its blocks {' x '.join(blocks)} at {sizes})"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import (Arange, Copy, DescLoad, DescStore, Dot, Fetch, Full, Get, If, Load, Loop,
+from tiledsl.codegen.body import (Arange, Copy, DescLoad, DescStore, Dim, Dot, Fetch, Full, Get, If, Load, Loop,
                                   MakeDescriptor, Place, Product, Put, Record, Report, Scan, Store, TmaStore, Zeros)
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
@@ -135,6 +135,8 @@ def _exprs(value):
             yield from _exprs(item)
     elif hasattr(value, "__dataclass_fields__"):
         for name in value.__dataclass_fields__:
+            if isinstance(value, Dim) and value.axis is None and name == "bound":
+                continue  # a point's dimension is not masked: its bound is printed nowhere
             yield from _exprs(getattr(value, name))
 
 

@@ -81,7 +81,8 @@ def kernel_code(expr, names: dict | None = None) -> str:
 
 
 def host_code(expr, names: dict | None = None) -> str:
-    return code(expr, kernel=False, names=names)
+    """Host code, which rounds up with `tds_int.cdiv` as the kernel does with `tl.cdiv`."""
+    return code(expr, kernel=False, names=names, cdiv="tds_int.cdiv")
 
 
 def plus(expr) -> str:

@@ -1,7 +1,8 @@
 """Integer division and modulo that floor, for every sign, inside Triton kernels: what `/` and `mod`
 mean in a program's index maps, and what the checker and the reference compute with Python's `//`
 and `%`. Triton's own `//` and `%` truncate toward zero like C; the code generator calls these only
-where it cannot prove the numerator non-negative (schedule/intcode.py)."""
+where it cannot prove the numerator non-negative (schedule/intcode.py). `cdiv` is the host's: generated
+host code rounds a quotient up with it where the kernel writes `tl.cdiv`."""
 import triton
 import triton.language as tl
 
@@ -22,3 +23,8 @@ def floordiv(a, b):
 @triton.jit
 def floormod(a, b):
     return a - floordiv(a, b) * b
+
+
+def cdiv(a: int, b: int) -> int:
+    """The quotient rounded up, for every sign: what a program's `cdiv(a, b)` means on the host."""
+    return -(-a // b)

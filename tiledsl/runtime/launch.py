@@ -21,7 +21,7 @@ from tiledsl.runtime import guards, sync, timeline, validate
 from tiledsl.runtime.issue import (CapacityExceeded, CopyOp, DataError, IndexOutOfRange, Issuing, PreparedCall,
                                    ScheduleTimeout, goes_first)
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
-    Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, kernel_options, linear, operand_bytes, ordered_instances,
+    Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, host_table, kernel_options, linear, operand_bytes, ordered_instances,
     pipeline_stages, pow2_at_least, unlinear)
 from tiledsl.runtime.validate import LaunchError
 from tiledsl.topology import Topology
@@ -196,10 +196,10 @@ class Program(Issuing):
             res.barrier = self._alloc_signals((2 * levels,), torch.int64)
         elif self.module.tds_DISTRIBUTED:
             res.barrier = self._alloc_signals((2 * self.world,), torch.int32)  # entry, then exit slots
-        for name, order in self.module.tds_orders(env).items():
+        for name, order in host_table(self.module, "tds_orders", env).items():
             res.orders[name] = order
             res.order_tables[name] = torch.tensor(order, dtype=torch.int32, device=self.device)
-        res.blocks = self.module.tds_blocks(env)
+        res.blocks = host_table(self.module, "tds_blocks", env)
         res.shapes = shapes
         res.diag = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
         for spec in self.module.tds_FAMILIES:  # timeline rows: one per instance part when traced, else one

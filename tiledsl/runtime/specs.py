@@ -82,6 +82,13 @@ class FamilySpec:
     warps: int = 4         # warps its largest block needs in registers (codegen/blocks.py)
 
 
+def host_table(module, name: str, env: dict) -> dict:
+    """`module.tds_blocks(env)` or `module.tds_orders(env)`: a program with no launch-time blocks or no
+    ordered family defines no such function, and has none."""
+    function = getattr(module, name, None)
+    return {} if function is None else function(env)
+
+
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
 

@@ -17,18 +17,23 @@ import sympy
 ATOM, UNARY, MUL, ADD, COMPARE, NOT, AND, OR = 100, 90, 80, 70, 50, 45, 40, 30
 
 
-def code(expr, kernel: bool = True, names: dict[str, str] | None = None, strict: bool = False) -> str:
+def code(expr, kernel: bool = True, names: dict[str, str] | None = None, strict: bool = False,
+         cdiv: str | None = None) -> str:
     """Integer code for a sympy expression; `names` renames symbols (a symbol's own name otherwise, or
     with `strict` a ValueError for a symbol not in `names`). Conditions print with `and`/`or` in host
-    code and `&`/`|` between parenthesised comparisons in kernels."""
-    return _Printer(kernel, names or {}, strict).print(sympy.sympify(expr))[0]
+    code and `&`/`|` between parenthesised comparisons in kernels. `cdiv` names a host function
+    `cdiv(a, b)` that rounds a quotient up for every sign (tiledsl/runtime/intmath.py's `cdiv`): host
+    code then calls it where a kernel calls `tl.cdiv`, and writes `-(-a // b)` without it (the
+    checker's and the reference's compiled expressions, which import nothing)."""
+    return _Printer(kernel, names or {}, strict, cdiv).print(sympy.sympify(expr))[0]
 
 
 class _Printer:
-    def __init__(self, kernel: bool, names: dict[str, str], strict: bool):
+    def __init__(self, kernel: bool, names: dict[str, str], strict: bool, cdiv: str | None = None):
         self.kernel = kernel
         self.names = names
         self.strict = strict
+        self.cdiv = None if kernel else cdiv
 
     def text(self, e, precedence: int) -> str:
         """`e` printed to sit where an operand of `precedence` goes."""
@@ -54,6 +59,8 @@ class _Printer:
             num, den = sympy.fraction(sympy.together(e.args[0]))
             if den == 1:
                 return self.print(num)
+            if self.cdiv is not None:  # the host's own cdiv: exact for every sign, as `-(-a // b)` is
+                return f"{self.cdiv}({self.print(num)[0]}, {self.print(den)[0]})", ATOM
             if not self.kernel:
                 if self.plain(num, den):
                     return f"({self.print(num + den - 1)[0]}) // {self.text(den, MUL)}", MUL

@@ -199,13 +199,7 @@ def tds_counts(tds_env):
     BN = tds_env['BN']
     return {
         'gather': world,
-        'mm': M * ((BN + N - 1) // BN) // BM,
-    }
-
-
-def tds_blocks(tds_env):
-    """Launch-time constexpr blocks: the power of two that covers each size."""
-    return {
+        'mm': M * tds_int.cdiv(N, BN) // BM,
     }
 
 
@@ -219,7 +213,7 @@ def tds_orders(tds_env):
     BN = tds_env['BN']
     return {
         'gather': tds_launch.ordered_instances([world], lambda s: ((s - rank) % world, s)),
-        'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
+        'mm': tds_launch.ordered_instances([M // BM, tds_int.cdiv(N, BN)],
                                            lambda i, j: ((i * BM * world // M - rank) % world, j, i // 8, i)),
     }
 

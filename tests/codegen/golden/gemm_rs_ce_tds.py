@@ -245,15 +245,9 @@ def tds_counts(tds_env):
     BN = tds_env['BN']
     BR = tds_env['BR']
     return {
-        'mm': M * ((BN + N - 1) // BN) // BM,
+        'mm': M * tds_int.cdiv(N, BN) // BM,
         'send': M // BM,
-        'red': (BN + N - 1) // BN * ((M + BR * world - 1) // (BR * world)),
-    }
-
-
-def tds_blocks(tds_env):
-    """Launch-time constexpr blocks: the power of two that covers each size."""
-    return {
+        'red': tds_int.cdiv(N, BN) * tds_int.cdiv(M, BR * world),
     }
 
 
@@ -266,7 +260,7 @@ def tds_orders(tds_env):
     BM = tds_env['BM']
     BN = tds_env['BN']
     return {
-        'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
+        'mm': tds_launch.ordered_instances([M // BM, tds_int.cdiv(N, BN)],
                                            lambda i, j: ((world + i * BM * world // M - rank - 1) % world,
                                                          i // 8, j, i)),
         'send': tds_launch.ordered_instances([M // BM],
@@ -298,7 +292,7 @@ def tds_waits_send(tds_env, tds_instance):
     BN = tds_env['BN']
     i, = tds_launch.unlinear(tds_instance, (M // BM,))
     return [  # a row outside the producer's names no instance: no wait (schedule/meaning.py)
-        ('mm', i, (BN + N - 1) // BN, 0),
+        ('mm', i, tds_int.cdiv(N, BN), 0),
     ]
 
 

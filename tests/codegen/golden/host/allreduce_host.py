@@ -64,19 +64,7 @@ def tds_counts(tds_env):
     N = tds_env['N']
     BLOCK = tds_env['BLOCK']
     return {
-        'add': (BLOCK + N - 1) // BLOCK,
-    }
-
-
-def tds_blocks(tds_env):
-    """Launch-time constexpr blocks: the power of two that covers each size."""
-    return {
-    }
-
-
-def tds_orders(tds_env):
-    """Each ordered family's instance numbers in the order it runs them on this rank (schedule/meaning.py)."""
-    return {
+        'add': tds_int.cdiv(N, BLOCK),
     }
 
 

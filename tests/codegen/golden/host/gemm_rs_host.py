@@ -109,14 +109,8 @@ def tds_counts(tds_env):
     BN = tds_env['BN']
     BR = tds_env['BR']
     return {
-        'mm': M * ((BN + N - 1) // BN) // BM,
-        'red': (BN + N - 1) // BN * ((M + BR * world - 1) // (BR * world)),
-    }
-
-
-def tds_blocks(tds_env):
-    """Launch-time constexpr blocks: the power of two that covers each size."""
-    return {
+        'mm': M * tds_int.cdiv(N, BN) // BM,
+        'red': tds_int.cdiv(N, BN) * tds_int.cdiv(M, BR * world),
     }
 
 
@@ -129,7 +123,7 @@ def tds_orders(tds_env):
     BM = tds_env['BM']
     BN = tds_env['BN']
     return {
-        'mm': tds_launch.ordered_instances([M // BM, (BN + N - 1) // BN],
+        'mm': tds_launch.ordered_instances([M // BM, tds_int.cdiv(N, BN)],
                                            lambda i, j: ((world + i * BM * world // M - rank - 1) % world, j,
                                                          i // 8, i)),
     }

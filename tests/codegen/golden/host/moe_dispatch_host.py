@@ -189,8 +189,8 @@ def tds_counts(tds_env):
     BR = tds_env['BR']
     return {
         'tally': 1,
-        'route': (BR + T - 1) // BR,
-        'pack': K * ((BH + H - 1) // BH) * ((BT + T - 1) // BT),
+        'route': tds_int.cdiv(T, BR),
+        'pack': K * tds_int.cdiv(H, BH) * tds_int.cdiv(T, BT),
         'tell': world,
         'pull': E * world,
         'keep': 1,
