@@ -24,6 +24,9 @@ rank runs them, or what an edge waits for.
   to run the schedule, the emulator's. A family may wait on its own instances on other ranks (a ring:
   `step[t] after step[t - 1] @ ((rank - 1) mod world)`): the cycle search runs over every rank's
   instances at once, each rank in its own order, so such an edge is proved like any other.
+  The checker proves this at a few sizes (bounded, not for every size); a family that waits on itself
+  also alone at sizes with up to check.WIDE_INSTANCES of its instances, where an `order` whose keys
+  repeat every `world` instances first puts a waiter before what it waits on (seed 4963).
   Why the persistent kernel cannot deadlock where this graph has no cycle: a program spinning on a
   wait holds every instance queued behind it, and the kernel's programs each run a subsequence of their
   rank's serial order (program p of P takes slots p, p + P, ... of its family's order, shared programs
