@@ -295,6 +295,35 @@ def test_bruteforce_confirms_families_that_wait_on_each_other():
     assert bruteforce.confirm(chained, Deadlock(At(2, (("N", 4),)), (Step(t, later, 2), Step(later, t, None)))) is None
 
 
+TREE = """\
+program gen_chain
+param N
+in X : f32[N, 4]
+out Y : f32[N, 4]
+symm B : f32[N, 4]
+tile seed[i in cdiv(N, 2)] if rank == 0: B[i*2 : +2, :] = X[i*2 : +2, :] * 2.0 + 1.0
+tile hop[i in cdiv(N, 2)] if rank != 0: B[i*2 : +2, :] = B@(rank - 1)[i*2 : +2, :]
+tile use[i in cdiv(N, 2)] on sms(2): Y[i*2 : +2, :] = B[i*2 : +2, :]
+seed[i] after seed[(i - 1)/2]
+hop[i] after seed[i] @ (rank - 1), hop[i] @ (rank - 1)
+use[i] after seed[i], hop[i]
+order seed by (i - rank) mod world
+"""
+
+
+def test_seed_4963_is_refused_with_a_deadlock_the_brute_force_confirms():
+    """The checker accepted seed 4963 (it looked at two instances an index); it now refuses it with a
+    witness at world 2, and the brute force finds the generator's own deadlock at world 3, N=7."""
+    with pytest.raises(TdsError) as refused:
+        pipeline.run(TREE, until="check")
+    (found,) = [d for d in refused.value.diagnostics if d.severity == "error"]
+    assert found.message.startswith("deadlock: seed[4] on rank 0 waits for seed[1] on rank 0")
+    schedule = schedule_of(TREE)
+    assert bruteforce.confirm(schedule, found.witness) is None
+    assert any(isinstance(p, Deadlock) for p in bruteforce.problems(schedule, 3, {"N": 7}))
+    assert bruteforce.problems(schedule, 2, {"N": 8}) == []  # too few instances at world 2 to show it
+
+
 def test_bruteforce_confirms_a_slice_end_past_the_dimension_but_not_a_clipped_one():
     source = CHAIN.replace("X[i*2 : +2]", "X[i*2 + 1 : i*2 + 3]").replace("t[i] after t[i + 1]\n", "")
     at = At(2, (("N", 4),))

@@ -17,12 +17,15 @@ from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import carried, ir, races, transport
 from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     launch_conditions, per_schedule, ragged_sizes, runs_on, small_sizes,
-                                     topologies)
+                                     launch_conditions, per_schedule, ragged_sizes, runs_on, scaled_sizes,
+                                     small_sizes, topologies, waits_on_itself)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, NoSuchRank, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
 SM_COUNT = gpus.DEFAULT.sms  # the default GPU's: programs that spin on signals must all be resident at once
+# a family that waits on itself is proved, alone, at sizes up to this many of its instances (all ranks
+# together), each 4 times the last: 0.1 s for chain_broadcast's hop at its three worlds
+WIDE_INSTANCES = 1024
 
 
 def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diagnostic]:
@@ -58,6 +61,8 @@ def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diag
             # the order warning is about speed at sizes a program is meant for, not at ragged edges
             for key, diagnostic in _concrete_findings(concrete, order_warnings=n == 0):
                 found.setdefault(key, diagnostic)
+        for key, diagnostic in _wide_chains(schedule, world, nodes, divided, found):
+            found.setdefault(key, diagnostic)
     if cyclic is not None and not any(key[0] in ("cycle", "self") for key in found):
         key, diagnostic = _family_cycle(schedule, cyclic)
         found[key] = diagnostic
@@ -92,6 +97,65 @@ def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
         order = races.topological(successors)
         if len(order) < len(successors):
             yield from races.cycle(concrete, successors, via, set(range(len(successors))) - set(order))
+
+
+def _wide_chains(schedule: ir.Schedule, world: int, nodes: int, divided: dict[str, int], found: dict):
+    """A family that waits on itself, proved alone at sizes k times `divided` (k = 2, 8, 32, ... up to
+    WIDE_INSTANCES of its instances): the sizes above give each index two instances, too few for an
+    order whose keys repeat every `world` instances to put a waiter before what it waits on (`order
+    seed by (i - rank) mod world` with `seed[i] after seed[(i - 1)/2]`: seed[3] runs before seed[1] once
+    there are four). What it proves is the family's own waits and its ranks' order of it, a part of
+    the whole graph: a cycle there is one of the whole schedule. The first k with a finding is narrowed
+    to the smallest multiple that still has one, for a short witness."""
+    for family in schedule.families.values():
+        if not waits_on_itself(schedule, family):
+            continue
+        mine = {n for n, e in enumerate(schedule.edges) if e.producer == e.consumer == family.name}
+        if any(key[0] == "self" and key[1] in mine or key[0] == "cycle" and key[1] & mine for key in found):
+            continue  # its deadlock is reported already, at smaller sizes
+
+        def findings(k: int) -> list | None:
+            sizes, _ = scaled_sizes(schedule, family, world, divided, k, nodes)
+            if sizes is None:
+                return None
+            return list(_chain_findings(instantiate(schedule, world, sizes, nodes, accesses=False,
+                                                    families=(family.name,))))
+
+        clean, k, first = 1, 2, None
+        count = scaled_sizes(schedule, family, world, divided, 1, nodes)[1]
+        while count < (count := scaled_sizes(schedule, family, world, divided, k, nodes)[1]) <= WIDE_INSTANCES:
+            first = findings(k)  # (a family whose instances no param multiplies is proved whole above)
+            if first:
+                break
+            if first is not None:
+                clean = k
+            k *= 4
+        if not first:
+            continue
+        while k - clean > 1:  # the smallest multiple with a finding, if findings grow with the sizes
+            middle = (clean + k) // 2
+            narrower = findings(middle)
+            if narrower:
+                k, first = middle, narrower
+            else:
+                clean = middle
+        yield from first
+
+
+def _chain_findings(concrete: Concrete):
+    """Deadlocks among the instances `concrete` holds (one family, say): a wait on its own later
+    instance, or a cycle of waits and each rank's order."""
+    self_waits = list(_self_waits(concrete))
+    if self_waits:
+        yield from self_waits
+        return
+    successors, via = races.graph(concrete)
+    order = races.topological(successors)
+    if len(order) == len(successors):
+        races.add_serial_order(concrete, successors)
+        order = races.topological(successors)
+    if len(order) < len(successors):
+        yield from races.cycle(concrete, successors, via, set(range(len(successors))) - set(order))
 
 
 def _family_cycle(schedule: ir.Schedule, cyclic: FamilyCycleError):
@@ -326,11 +390,19 @@ def _self_waits(concrete: Concrete):
             consumer, producer = concrete.instances[wait.consumer], concrete.instances[late[0]]
             what = "itself" if late[0] == wait.consumer else f"{at(producer)}, which comes after it"
             steps = (Step(point(consumer), point(producer), wait.edge),)
+            notes = []
             if late[0] != wait.consumer:
                 steps += (Step(point(producer), point(consumer), None),)
+                ranked = concrete.in_order(edge.consumer, rank)
+                for decl in schedule.program.of(ast.OrderDecl):  # where the order was written
+                    if decl.family.id == edge.consumer:
+                        notes.append(Note(
+                            f"on rank {rank} '{edge.consumer}' runs {edge.consumer}{index_text(consumer.index)} "
+                            f"{_ordinal(ranked.index(wait.consumer) + 1)} and {edge.consumer}{index_text(producer.index)} "
+                            f"{_ordinal(ranked.index(late[0]) + 1)} of its {len(ranked)} instances", decl.span))
             yield ("self", wait.edge), error(
                 f"deadlock: {at(consumer)} waits for {what} in the order of '{edge.consumer}' "
-                f"(at {sizes_text(concrete)})", edge.span,
+                f"(at {sizes_text(concrete)})", edge.span, notes=notes,
                 hint="a family runs its instances in order: it may only wait on its earlier instances",
                 witness=Deadlock(where(concrete), steps))
 

@@ -24,6 +24,9 @@ rank runs them, or what an edge waits for.
   to run the schedule, the emulator's. A family may wait on its own instances on other ranks (a ring:
   `step[t] after step[t - 1] @ ((rank - 1) mod world)`): the cycle search runs over every rank's
   instances at once, each rank in its own order, so such an edge is proved like any other.
+  The checker proves this at a few sizes (bounded, not for every size); a family that waits on itself
+  also alone at sizes with up to check.WIDE_INSTANCES of its instances, where an `order` whose keys
+  repeat every `world` instances first puts a waiter before what it waits on (seed 4963).
   Why the persistent kernel cannot deadlock where this graph has no cycle: a program spinning on a
   wait holds every instance queued behind it, and the kernel's programs each run a subsequence of their
   rank's serial order (program p of P takes slots p, p + P, ... of its family's order, shared programs
@@ -349,6 +352,23 @@ def small_sizes(schedule: ir.Schedule, world: int, max_instances: int = MAX_INST
     if small == sizes or not _conditions_hold(schedule, world, small, nodes):
         return None
     return small
+
+
+def scaled_sizes(schedule: ir.Schedule, family: ir.Family, world: int, sizes: dict[str, int], k: int,
+                 nodes: int = 1) -> tuple[dict[str, int] | None, int]:
+    """`sizes` with every param that sets one of the family's extents multiplied by `k`, and the
+    family's instances there (all ranks): more than two per index, for a family that waits on itself
+    (its order's keys may repeat only every `world` instances: `order seed by (i - rank) mod world`
+    puts seed[3] before seed[1] at four instances, seed 4963 of tests/schedule/gen_schedules.py). The
+    sizes are None where they break a launch condition or no param sets an extent (the instances are
+    the same at every size)."""
+    scaled = [p for p in schedule.params
+              if any(ir.size_symbol(p) in sympy.sympify(e).free_symbols for _, e in family.indices)]
+    wider = {**sizes, **{p: sizes[p] * k for p in scaled}}
+    count = sum(math.prod(_extents(schedule, family, world, wider, rank, nodes)) for rank in range(world))
+    if not scaled or not _conditions_hold(schedule, world, wider, nodes):
+        return None, count
+    return wider, count
 
 
 def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> tuple[int, ...]:
@@ -731,29 +751,37 @@ class Concrete:
 
 
 def instantiate(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1,
-                accesses: bool = True) -> Concrete:
+                accesses: bool = True, families: Sequence[str] | None = None) -> Concrete:
     """Every instance of `schedule` at `world` ranks in `nodes` nodes and these param values (consts may
     be overridden too), with its accesses as integer boxes and its waits as producer instances. `split`
     is ignored: an instance is signalled once, when all of it is complete. Where the families wait on
-    each other there is no serial order (`sequence` is None), for the checker to say so."""
+    each other there is no serial order (`sequence` is None), for the checker to say so.
+    `families`: only these families' instances and the edges among them (numbered as in the schedule),
+    each rank's serial order their part of the whole one (a rank runs a family's instances one after
+    another, so what is consecutive here is consecutive there)."""
     try:
         sequence = family_sequence(schedule)
     except FamilyCycleError:
         sequence = None
+    if families is not None:
+        sequence = (tuple(f for f in sequence if f in families) if sequence is not None
+                    else tuple(families) if len(families) == 1 else None)
     values = _size_values(schedule, world, sizes, nodes)
     all_sizes = dict(zip((*schedule.params, *schedule.consts), values))
     shapes = {name: tuple(compile_exprs(t.shape, size_symbols(schedule))(*values))
               for name, t in schedule.tensors.items()}
     done = Concrete(schedule, world, all_sizes, sequence, [], [], {}, {}, shapes, [], [], [], nodes, [], {})
-    for family in schedule.families.values():
+    chosen = [f for f in schedule.families.values() if families is None or f.name in families]
+    for family in chosen:
         _family_instances(done, family, values)
-    for family in schedule.families.values():
+    for family in chosen:
         _family_steps(done, family, values)
-    for family in schedule.families.values() if accesses else ():  # without: instances and waits only
+    for family in chosen if accesses else ():  # without: instances and waits only
         _family_accesses(done, family, values)
     _resolve_through(done)
     for number, edge in enumerate(schedule.edges):
-        _edge_waits(done, number, edge, values)
+        if families is None or (edge.producer in families and edge.consumer in families):
+            _edge_waits(done, number, edge, values)
     return done
 
 
