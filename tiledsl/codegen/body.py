@@ -517,7 +517,14 @@ class _Tile:
                 out.append(Load(value, place, native=True))
                 out.append(Store(self.place(store.target, out), value))
                 continue
-            value = self.value(store.value, out)
+            if self.copied_as_is(store, capped=True):
+                # integers into a capped tensor of their type (MoE's counts): loaded as integers, not
+                # through float32, which rounds above 2**24; the report below compares them with the cap
+                place = self.place(store.value.region, out)
+                value = self.fresh(store.value.region.tensor)
+                out.append(Load(value, place, native=True))
+            else:
+                value = self.value(store.value, out)
             if self.product is not None and self.tma_store(store.target):
                 *points, rows, cols = store.target.dims
                 out.append(TmaStore(self.family.name, store.target.tensor, self.k(rows.start),
@@ -535,11 +542,17 @@ class _Tile:
             out.append(Store(place, rounded(self.schedule, store.target.tensor, value, out, self.fresh)))
         return TileBody(tuple(out), self.product, tma_target, tuple(self.blocks))
 
-    def copied_as_is(self, store: ir.Store) -> bool:
-        """A store of a plain load of a tensor of the target's own dtype, into a tensor without a cap."""
+    def copied_as_is(self, store: ir.Store, capped: bool = False) -> bool:
+        """A store of a plain load of a tensor of the target's own dtype, into a tensor without a cap; with
+        `capped`, into an integer tensor with one (the load kept as integers, the cap still reported)."""
         value, tensors = store.value, self.schedule.tensors
-        return isinstance(value, ir.Load) and self.product is None and tensors[store.target.tensor].cap is None \
-            and tensors[value.region.tensor].dtype == tensors[store.target.tensor].dtype
+        target = tensors[store.target.tensor]
+        if not (isinstance(value, ir.Load) and self.product is None and
+                tensors[value.region.tensor].dtype == target.dtype):
+            return False
+        if capped:
+            return target.cap is not None and target.dtype.startswith(("int", "uint"))
+        return target.cap is None
 
     def axis(self, size: sympy.Expr, n: int) -> tuple[sympy.Expr, int | str]:
         value = size.subs({ir.size_symbol(k): v for k, v in self.consts.items()})
