@@ -289,7 +289,7 @@ def test_run_hands_its_arguments_to_the_runtime(capsys, monkeypatch):
         seen.update(vars(args))
         return 0
 
-    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", types.SimpleNamespace(main_run=main_run))
+    monkeypatch.setitem(sys.modules, "tiledsl.tools.run", types.SimpleNamespace(main_run=main_run))
     code, _, _ = run_cli(capsys, "run", COPY, "--world", "4", "--size", "N=4096", "--size", "M=8", "--emulate",
                          "--seed", "7")
     assert code == 0
@@ -298,7 +298,7 @@ def test_run_hands_its_arguments_to_the_runtime(capsys, monkeypatch):
 
 
 def test_run_without_the_runtime_says_so(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", None)
+    monkeypatch.setitem(sys.modules, "tiledsl.tools.run", None)
     code, _, err = run_cli(capsys, "run", COPY)
     assert code == 2
     assert "`tiledsl run` (the launcher and emulator) is not available yet in this build" in err
