@@ -84,7 +84,7 @@ def _build(args) -> int:
         print(f"{args.file}: wrote {out}", file=sys.stderr)
     if args.arch:
         try:
-            from tiledsl.codegen.aot import compile_report
+            from tiledsl.tools.build_arch import compile_report
         except ImportError as exc:
             raise Unavailable("ahead-of-time compilation (--arch) is not available in this build") from exc
         print(compile_report(Path(args.file), args.arch, dict(args.define)))
