@@ -1,5 +1,5 @@
 """tiledsl: a language, compiler and runtime for GPU kernels that overlap communication with compute."""
-__version__ = "0.1.0"
+from tiledsl.version import __version__  # noqa: F401 - tiledsl.__version__
 
 
 def compile(source, heap=None, **options):  # noqa: A001 - the natural name, as in torch.compile
