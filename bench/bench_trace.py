@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, M, time_ms  # noqa: E402
 
 import tiledsl  # noqa: E402
-from tiledsl.runtime import timeline  # noqa: E402
+from tiledsl.tools import trace  # noqa: E402
 from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
@@ -91,15 +91,15 @@ def main() -> int:
                 seconds["timing"] = time.monotonic() - phase
                 phase = time.monotonic()
                 traced(*args)  # the call the timeline shows
-                mine = timeline.events(traced)
+                mine = trace.events(traced)
                 gathered = [None] * world if rank == 0 else None
                 dist.gather_object(mine, gathered, dst=0)
                 if rank == 0:
                     found = [e for each in gathered for e in each]
                     stem = OUT / f"trace_{name}_{model}"
-                    timeline.chrome_trace(found, f"{stem}.json")
-                    timeline.draw(found, f"{stem}.png")
-                    (OUT / f"trace_{name}_{model}.txt").write_text(timeline.summary(found) + "\n")
+                    trace.chrome_trace(found, f"{stem}.json")
+                    trace.draw(found, f"{stem}.png")
+                    (OUT / f"trace_{name}_{model}.txt").write_text(trace.summary(found) + "\n")
                     seconds["trace_files"] = time.monotonic() - phase
                     rows.append({"program": name, "model": model, "untraced_ms": untraced_ms, "traced_ms": traced_ms,
                                  "overhead": traced_ms / untraced_ms - 1, "seconds": seconds})

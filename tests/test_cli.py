@@ -233,7 +233,7 @@ def test_build_arch_prints_the_compile_report(capsys, monkeypatch, tmp_path):
         seen.update(source=source, arch=arch, consts=consts)
         return "kernel  regs\ntds_kernel  32"
 
-    monkeypatch.setitem(sys.modules, "tiledsl.codegen.aot", types.SimpleNamespace(compile_report=compile_report))
+    monkeypatch.setitem(sys.modules, "tiledsl.tools.build_arch", types.SimpleNamespace(compile_report=compile_report))
     code, out, _ = run_cli(capsys, "build", COPY, "-o", str(tmp_path / "x.py"), "--arch", "sm_90", "-D", "BLOCK=256")
     assert code == 0
     assert out == "kernel  regs\ntds_kernel  32\n"
@@ -242,7 +242,7 @@ def test_build_arch_prints_the_compile_report(capsys, monkeypatch, tmp_path):
 
 @needs_codegen
 def test_build_arch_without_the_compiler_report_says_so(capsys, monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "tiledsl.codegen.aot", None)
+    monkeypatch.setitem(sys.modules, "tiledsl.tools.build_arch", None)
     code, _, err = run_cli(capsys, "build", COPY, "-o", str(tmp_path / "x.py"), "--arch", "sm_90")
     assert code == 2
     assert "ahead-of-time compilation (--arch) is not available in this build" in err
@@ -289,7 +289,7 @@ def test_run_hands_its_arguments_to_the_runtime(capsys, monkeypatch):
         seen.update(vars(args))
         return 0
 
-    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", types.SimpleNamespace(main_run=main_run))
+    monkeypatch.setitem(sys.modules, "tiledsl.tools.run", types.SimpleNamespace(main_run=main_run))
     code, _, _ = run_cli(capsys, "run", COPY, "--world", "4", "--size", "N=4096", "--size", "M=8", "--emulate",
                          "--seed", "7")
     assert code == 0
@@ -298,7 +298,7 @@ def test_run_hands_its_arguments_to_the_runtime(capsys, monkeypatch):
 
 
 def test_run_without_the_runtime_says_so(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", None)
+    monkeypatch.setitem(sys.modules, "tiledsl.tools.run", None)
     code, _, err = run_cli(capsys, "run", COPY)
     assert code == 2
     assert "`tiledsl run` (the launcher and emulator) is not available yet in this build" in err

@@ -1,7 +1,7 @@
 """tiledsl: a language, compiler and runtime for GPU kernels that overlap communication with compute."""
 import os as _os
 
-__version__ = "0.1.0"
+from tiledsl.version import __version__  # noqa: F401 - tiledsl.__version__
 
 # Triton 3.9 warns on every compile that its FP-fusion default will change in 3.10 unless this is set;
 # setting it to its current default (fusion on, what the kernels were checked and timed with) keeps the

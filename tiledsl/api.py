@@ -65,8 +65,8 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
 128-row block, else 4), `num_stages` the software pipeline's depth of the loops that may be pipelined.
     The persistent kernel passes the entry barrier itself unless copy-engine chunks need the epoch
     first (`fold_entry=False`: a separate entry kernel every call, to compare). `trace=True` stamps
-    every instance's start, end of waits and end on the GPU clock (tiledsl.runtime.timeline: Perfetto
-    trace and a PNG of every rank's lanes); without it the stamps are compiled out."""
+    every instance's start, end of waits and end on the GPU clock (tiledsl.runtime.timeline; a Perfetto
+    trace and a PNG of every rank's lanes: tiledsl.tools.trace); without it the stamps are compiled out."""
     module = build_module(source, consts)
     return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
                        dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay,

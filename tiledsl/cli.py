@@ -84,7 +84,7 @@ def _build(args) -> int:
         print(f"{args.file}: wrote {out}", file=sys.stderr)
     if args.arch:
         try:
-            from tiledsl.codegen.aot import compile_report
+            from tiledsl.tools.build_arch import compile_report
         except ImportError as exc:
             raise Unavailable("ahead-of-time compilation (--arch) is not available in this build") from exc
         print(compile_report(Path(args.file), args.arch, dict(args.define)))
@@ -137,7 +137,7 @@ def cmd_graph(args) -> int:
 def cmd_run(args) -> int:
     def run(path) -> int:
         try:
-            from tiledsl.runtime.run_program import main_run
+            from tiledsl.tools.run import main_run
         except ImportError as exc:
             raise Unavailable("`tiledsl run` (the launcher and emulator) is not available yet in this build") from exc
         return main_run(argparse.Namespace(**{**vars(args), "file": path}))
@@ -147,29 +147,29 @@ def cmd_run(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    def trace() -> int:
-        from tiledsl.runtime import timeline
+    def record() -> int:
+        from tiledsl.tools import trace
         sizes = dict(_assignment(s) for s in args.size)
         gpu = "WORLD_SIZE" in os.environ and not args.emulate
-        found = timeline.trace_gpu(args.file, sizes) if gpu else \
-            timeline.trace_emulated(args.file, args.world, sizes, nodes=args.nodes)
+        found = trace.trace_gpu(args.file, sizes) if gpu else \
+            trace.trace_emulated(args.file, args.world, sizes, nodes=args.nodes)
         if found is None:  # a rank other than 0 under torchrun
             return OK
         out = args.output or str(Path(args.file).with_suffix(""))
-        _write(out, args.file, lambda: timeline.chrome_trace(found, f"{out}.json"))
-        timeline.draw(found, f"{out}.png")
-        print(timeline.summary(found))
+        _write(out, args.file, lambda: trace.chrome_trace(found, f"{out}.json"))
+        trace.draw(found, f"{out}.png")
+        print(trace.summary(found))
         print(f"{args.file}: wrote {out}.json (open at ui.perfetto.dev) and {out}.png", file=sys.stderr)
         return OK
 
-    return _guarded(args.file, trace)
+    return _guarded(args.file, record)
 
 
 def cmd_predict(args) -> int:
     def predict() -> int:
         from tiledsl.predict import load, predict as simulate, report
         from tiledsl.predict.rates import parse_override
-        from tiledsl.runtime.run_program import launch_sizes
+        from tiledsl.tools.run_program import launch_sizes
         try:
             rates = load(args.rates, dict(parse_override(t) for t in args.link))
         except (ValueError, OSError) as why:
@@ -181,9 +181,9 @@ def cmd_predict(args) -> int:
         found = simulate(schedule, args.world, {**sizes, **consts}, rates, nodes)
         print(report.text(found))
         if args.output:
-            from tiledsl.runtime import timeline
+            from tiledsl.tools import trace
             _write(args.output, args.file, lambda: report.chrome_trace(found, f"{args.output}.json"))
-            timeline.draw(report.events(found), f"{args.output}.png")
+            trace.draw(report.events(found), f"{args.output}.png")
             print(f"{args.file}: wrote {args.output}.json (predicted; open at ui.perfetto.dev) and "
                   f"{args.output}.png", file=sys.stderr)
         return OK

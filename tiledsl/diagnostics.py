@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tiledsl.grammar.ast import Span
+
+@dataclass(frozen=True)
+class Span:
+    """A source range: 1-based line and column of its first character, and its end. Every syntax node
+    keeps one (tiledsl.grammar.ast, which names it too); defined here, where diagnostics point with it."""
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    @staticmethod
+    def none() -> "Span":
+        return Span(0, 0, 0, 0)
 
 
 @dataclass(frozen=True)

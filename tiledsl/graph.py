@@ -5,36 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiledsl.grammar import ast
+from tiledsl.graph_parts import BORDER, FILL, FLOW_COLOR, SYNC_COLOR, Link, Node
 from tiledsl.schedule import ir
 from tiledsl.tables import DTYPES
-
-SYNC_COLOR, FLOW_COLOR = "#1f4e96", "#9aa5b1"
-FILL = {"tile": "#e8f0fb", "chunk": "#e6f4ea", "tensor": "#f7f7f7", "symm": "#fde9cf"}
-BORDER = {"tile": "#1f4e96", "chunk": "#2e7d32", "tensor": "#6b7785", "symm": "#d9822b"}
-
-
-@dataclass
-class Node:
-    """One box of the picture: `title` (drawn bold) over `lines`."""
-    id: str
-    kind: str  # tile, chunk, tensor, symm (a symmetric tensor), label (an edge's label), dummy (a bend)
-    title: str
-    lines: list[str] = field(default_factory=list)
-
-    def text(self) -> str:
-        return "\n".join([self.title, *self.lines])
-
-
-@dataclass
-class Link:
-    source: str
-    target: str
-    kind: str  # sync (a family waits on another), read, write
-    label: str = ""
 
 
 def graph_of(schedule: ir.Schedule) -> tuple[list[Node], list[Link]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiledsl.graph import BORDER, FILL, FLOW_COLOR, SYNC_COLOR, Link, Node
+from tiledsl.graph_parts import BORDER, FILL, FLOW_COLOR, SYNC_COLOR, Link, Node
 
 FONT = "DejaVu Sans Mono"
 FONT_SIZE, COLUMN_GAP, ROW_GAP, PAD = 9.0, 54.0, 18.0, 7.0

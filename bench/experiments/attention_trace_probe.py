@@ -25,7 +25,7 @@ from common import time_ms  # noqa: E402
 from harness import start  # noqa: E402
 
 import tiledsl  # noqa: E402
-from tiledsl.runtime import timeline  # noqa: E402
+from tiledsl.tools import trace  # noqa: E402
 
 B, P, H, HKV, D = 2, 4096, 32, 8, 128
 BLOCKS = {"BM": 128, "BN": 64, "num_stages": 3}
@@ -87,10 +87,10 @@ def main():
             traced = tiledsl.compile(path, heap, D=D, trace=True, **BLOCKS, **options)
             for _ in range(3):
                 traced(Q, K, V, O)
-            events = timeline.events(traced)
+            events = trace.events(traced)
             describe(label, events)
             name = label.split(" ")[0].strip(",") + "_" + "".join(c for c in label if c.isdigit())
-            timeline.chrome_trace(events, OUT / f"attn_trace_{name}.json")
+            trace.chrome_trace(events, OUT / f"attn_trace_{name}.json")
             traced.release()
         except Exception as error:  # noqa: BLE001 - one variant's failure must not hide the others
             print(f"{label}: FAILED {type(error).__name__}: {error}", flush=True)

@@ -1,6 +1,13 @@
-"""Module import graph of tiledsl: cycles (SCCs) and function-level imports."""
+"""Module import graph of tiledsl: cycles (SCCs) and function-level imports.
+
+`python bench/experiments/import_graph.py ROOT`: `from P import m`, m a module, counts as importing P.m
+only (as tests/test_import_graph.py reads it; Python runs P's __init__ first whoever imports it).
+With --as-at-7766f63 it also counts P (and a namespace package as its parent), as this script did up to
+session 17: that way every `from tiledsl.runtime import x` read as importing tiledsl/__init__.py, and
+`from tiledsl.ops import x` inside ops as a cycle with ops/__init__.py."""
 import ast, sys, pathlib
-root = pathlib.Path(sys.argv[1])
+old = "--as-at-7766f63" in sys.argv
+root = pathlib.Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
 pkg = root / "tiledsl"
 mods = {}
 for p in pkg.rglob("*.py"):
@@ -20,7 +27,10 @@ def resolve(mod, node, is_pkg):
             b = ".".join(base + ([node.module] if node.module else []))
         else:
             b = node.module
-        names = [b] + [b + "." + a.name for a in node.names]
+        if old:
+            names = [b] + [b + "." + a.name for a in node.names]
+        else:
+            names = [b + "." + a.name if b + "." + a.name in mods else b for a in node.names]
     for n in names:
         if not n or not n.startswith("tiledsl"): continue
         while n and n not in mods: n = n.rpartition(".")[0]

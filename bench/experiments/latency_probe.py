@@ -43,7 +43,7 @@ from common import NAN, out_dir, time_interleaved_ms, time_loop_ms  # noqa: E402
 from harness import mismatch, start  # noqa: E402
 
 import tiledsl  # noqa: E402
-from tiledsl.runtime import timeline  # noqa: E402
+from tiledsl.tools import trace  # noqa: E402
 
 PROGRAMS, EXPERIMENTS = ROOT / "programs", ROOT / "bench" / "experiments"
 BF16 = torch.bfloat16
@@ -177,13 +177,13 @@ def trace_one(name, program, T, call_args):
     """One traced program: three calls, the last one's events summarised and written as JSON."""
     for _ in range(3):
         program(**call_args)
-    found = timeline.events(program)
+    found = trace.events(program)
     span = max(e.end_us for e in found) - min(e.start_us for e in found)
     say(f"trace {name} T={T}: {len(found)} instances, span {span:.1f} us (from the kernel's entry)")
     for line in family_lines(found):
         say(line)
     target = out_dir() / f"trace_{name}_T{T}.json"
-    timeline.chrome_trace(found, target)
+    trace.chrome_trace(found, target)
     with open(target, "rb") as raw, gzip.open(f"{target}.gz", "wb") as packed:
         packed.write(raw.read())
     target.unlink()
@@ -403,7 +403,7 @@ def gemm_ar_traces(heap):
         C = torch.empty(M, 8192, device="cuda", dtype=BF16)
         for _ in range(3):
             program(A, B, C)
-        found = timeline.events(program)
+        found = trace.events(program)
         mm = [e for e in found if e.family == "mm"]
         busy = statistics.median(e.end_us - e.waited_us for e in mm)
         strip = 8192 // consts["KS"] * consts["BN"] * 2  # bytes of B one tile streams

@@ -180,7 +180,7 @@ SPLIT_K = WHOLE_K.replace("""\
 
 
 def test_a_kernel_past_the_shared_memory_of_an_sm_is_refused_at_its_tile_and_the_hint_fits(tmp_path):
-    from tiledsl.codegen.aot import compile_report
+    from tiledsl.tools.build_arch import compile_report
     from tiledsl.diagnostics import TdsError
     path = tmp_path / "whole_k.tds"
     path.write_text(WHOLE_K)

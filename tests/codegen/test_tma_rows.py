@@ -13,10 +13,10 @@ import torch
 
 from tiledsl import cli
 from tiledsl.codegen import lower
-from tiledsl.codegen.tma import described, row_multiple, rows_fit
+from tiledsl.codegen.tma import described
 from tiledsl.diagnostics import TdsError
 from tiledsl.pipeline import run
-from tiledsl.runtime.specs import Arg, Kind
+from tiledsl.runtime.specs import Arg, Kind, row_multiple, rows_fit
 from tiledsl.runtime.validate import LaunchError, _tma_rows
 from tiledsl.schedule import ir
 from tiledsl.schedule.meaning import default_sizes

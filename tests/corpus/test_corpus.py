@@ -106,8 +106,8 @@ REFUSED = {
 def corpus(request):
     """(name, world) -> verdicts or the exception the run failed with; the first test of a world runs
     every selected program of that world (each known bug alone, so that it cannot stop the others)."""
-    from tiledsl.runtime.expect import load_expectation
-    from tiledsl.runtime.run_program import EmulatedRun, run_together
+    from tiledsl.tools.expect import load_expectation
+    from tiledsl.tools.run_program import EmulatedRun, run_together
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread only adds waiting on busy cores
     done: dict = {}

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tiledsl.collectives import DEFAULT_THRESHOLD_BYTES, AllReduce
-from tiledsl.runtime.reference import Reference
-from tiledsl.runtime.run_program import EMULATED_DTYPES, TOLERANCE, make_inputs, program_schedule
+from tiledsl.tools.reference import Reference
+from tiledsl.tools.run_program import EMULATED_DTYPES, TOLERANCE, make_inputs, program_schedule
 
 pytestmark = pytest.mark.emulated
 

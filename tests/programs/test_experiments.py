@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tiledsl.pipeline import run
-from tiledsl.runtime.run_program import run_emulated
+from tiledsl.tools.run_program import run_emulated
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "bench" / "experiments").glob("*.tds"))
 # (sizes, consts) where the defaults would keep the interpreter busy for minutes (blocks of 64 by 128)

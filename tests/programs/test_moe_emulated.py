@@ -230,7 +230,7 @@ def _rank(heap, jobs: list) -> list:
     that raises a DataError (a count above capacity) gives its kind and message instead of outputs."""
     import tiledsl
     from tiledsl.runtime.launch import DataError
-    from tiledsl.runtime.run_program import as_numpy
+    from tiledsl.tools.run_program import as_numpy
     programs, results = {}, []
     for name, consts, calls, outs in jobs:
         key = (name, tuple(sorted(consts.items())))

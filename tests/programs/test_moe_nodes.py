@@ -80,7 +80,7 @@ def test_counts_told_through_a_pointer_to_another_node_are_refused():
 
 @pytest.mark.emulated
 def test_dispatch_within_each_node_runs_emulated_on_two_nodes_of_two_ranks(tmp_path):
-    from tiledsl.runtime.run_program import run_emulated
+    from tiledsl.tools.run_program import run_emulated
     source = tmp_path / "dispatch_in_node.tds"
     source.write_text(DISPATCH_IN_NODE)
     # T = 6 rows a rank, no tile divides it; C = T: no routing exceeds capacity

@@ -347,11 +347,11 @@ def test_tiledsl_trace_stamps_every_instance_of_a_two_level_program_on_two_nodes
     """2 nodes x 2: each rank's puts across nodes (nvshmem), its copies of what landed, its pulls within
     the node; each stamped once, its waits inside its span. A one-node program is refused on two nodes."""
     from tiledsl.cli import main
-    from tiledsl.runtime import timeline
+    from tiledsl.tools import trace
     # two parts a copy (each part is stamped, as it is signalled, alone), so that the interpreter is quick
     source = (PROGRAMS / "hier_allgather.tds").read_text()
     assert "PIECES = 64" in source
-    found = timeline.trace_emulated(source.replace("PIECES = 64", "PIECES = 2"), 4, {"M": 4 * 37, "N": 45}, nodes=2)
+    found = trace.trace_emulated(source.replace("PIECES = 64", "PIECES = 2"), 4, {"M": 4 * 37, "N": 45}, nodes=2)
     counts = {}
     for e in found:
         counts[e.rank, e.family] = counts.get((e.rank, e.family), 0) + 1

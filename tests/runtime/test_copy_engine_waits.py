@@ -12,7 +12,7 @@ import torch
 from tiledsl.diagnostics import TdsError
 from tiledsl.pipeline import run
 from tiledsl.runtime.emulate import run_ranks
-from tiledsl.runtime.run_program import EMULATED_DTYPES, run_emulated
+from tiledsl.tools.run_program import EMULATED_DTYPES, run_emulated
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMM_RS_CE = ROOT / "programs" / "gemm_rs_ce.tds"

@@ -19,12 +19,12 @@ import torch
 from tiledsl.diagnostics import TdsError
 from tiledsl.runtime import emulate
 from tiledsl.runtime.emulate import run_ranks
-from tiledsl.runtime.reference import Reference
-from tiledsl.runtime.run_program import (
+from tiledsl.tools.reference import Reference
+from tiledsl.tools.run import main_run
+from tiledsl.tools.run_program import (
     EMULATED_DTYPES,
     Verdict,
     compare,
-    main_run,
     make_inputs,
     program_schedule,
     run_emulated,
@@ -305,7 +305,7 @@ def test_a_timeout_under_tiledsl_run_is_an_error_naming_rank_edge_and_epochs_not
                   inputs, timeout_s=120)
         return 0
 
-    monkeypatch.setitem(sys.modules, "tiledsl.runtime.run_program", types.SimpleNamespace(main_run=main_run))
+    monkeypatch.setitem(sys.modules, "tiledsl.tools.run", types.SimpleNamespace(main_run=main_run))
     code = cli.main(["run", os.fspath(path)])
     err = capsys.readouterr().err
     assert code == 1, err
@@ -395,7 +395,7 @@ def test_compare_fails_on_nan_or_inf_in_the_reference_and_on_inf_got():
 def test_every_call_runs_on_fresh_inputs_and_is_checked(monkeypatch):
     """A rank that hands back the first call's outputs on the second call (what a wait that let a
     consumer through too early would read) is caught: each call has its own inputs and reference."""
-    from tiledsl.runtime import run_program
+    from tiledsl.tools import run_program
     path = ROOT / "programs" / "copy.tds"
     schedule = program_schedule(path)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tiledsl.runtime.emulate import run_ranks
-from tiledsl.runtime.run_program import EMULATED_DTYPES
+from tiledsl.tools.run_program import EMULATED_DTYPES
 
 pytestmark = pytest.mark.emulated
 

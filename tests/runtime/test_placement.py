@@ -135,7 +135,7 @@ def test_host_collectives_through_the_cpu_match_what_torch_defines():
 # ---- what `tiledsl run` compares on GPUs -------------------------------------------------------------
 
 def test_an_int_output_is_poisoned_with_its_minimum_not_nan():
-    from tiledsl.runtime.run_program import poison
+    from tiledsl.tools.run_program import poison
     count = torch.empty(4, dtype=torch.int32)
     count.fill_(poison(count.dtype))  # what run_gpu does; NaN raised "cannot be converted to type int"
     assert count.tolist() == [torch.iinfo(torch.int32).min] * 4
@@ -143,8 +143,8 @@ def test_an_int_output_is_poisoned_with_its_minimum_not_nan():
 
 
 def test_an_upto_output_is_compared_below_its_count_only():
-    from tiledsl.runtime.gpu_run import below_count
-    from tiledsl.runtime.run_program import compare, program_schedule
+    from tiledsl.tools.gpu_run import below_count
+    from tiledsl.tools.run_program import compare, program_schedule
     schedule = program_schedule(ROOT / "programs" / "group_gemm.tds")
     name = next(n for n, t in schedule.tensors.items() if t.upto is not None and t.role.value in ("out", "inout"))
     upto = schedule.tensors[name].upto
@@ -166,9 +166,9 @@ def test_an_output_a_rank_does_not_write_must_stay_as_passed_on_gpus():
     """reduce_root writes Y on rank 0 only (`if rank == 0`): run on GPUs compared rank 1's poisoned Y
     with the reference and said MISMATCH (inf) on an H200 at world 2; now, as emulated, rank 0 is
     compared and rank 1 must keep the NaN it was passed."""
-    from tiledsl.runtime.gpu_run import output_error
-    from tiledsl.runtime.reference import Reference
-    from tiledsl.runtime.run_program import launch_sizes, make_inputs, program_schedule, written_ranks
+    from tiledsl.tools.gpu_run import output_error
+    from tiledsl.tools.reference import Reference
+    from tiledsl.tools.run_program import launch_sizes, make_inputs, program_schedule, written_ranks
     schedule = program_schedule(ROOT / "programs" / "reduce_root.tds")
     sizes = launch_sizes(schedule, 2, {}, {}, 1)
     written = written_ranks(schedule, 2, sizes, {}, 1)

@@ -8,7 +8,7 @@ import torch
 
 from tiledsl.pipeline import run
 from tiledsl.schedule.meaning import instantiate
-from tiledsl.runtime.reference import Reference
+from tiledsl.tools.reference import Reference
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
 

@@ -11,9 +11,9 @@ from tiledsl.runtime import sync
 from tiledsl.runtime.emulate import EmulatedHeap
 from tiledsl.runtime.issue import goes_first
 from tiledsl.runtime.launch import LaunchError, Program
-from tiledsl.runtime.reference import Reference
+from tiledsl.tools.reference import Reference
 from tiledsl.runtime.replay import Replay
-from tiledsl.runtime.run_program import make_inputs, program_schedule
+from tiledsl.tools.run_program import make_inputs, program_schedule
 from tiledsl.schedule.meaning import default_sizes
 
 PROGRAMS = sorted((Path(__file__).resolve().parents[2] / "programs").glob("*.tds"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tiledsl.runtime import timeline
+from tiledsl.tools import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_instance_is_stamped_in_order_and_waits_end_after_their_producers(tmp_path):
     path = os.fspath(ROOT / "programs" / "gemm_rs_ce.tds")
     M, world = 256 * 2, 2
-    found = timeline.trace_emulated(path, world, {"M": M, "K": 64, "N": 256})
+    found = trace.trace_emulated(path, world, {"M": M, "K": 64, "N": 256})
     by = {(e.rank, e.family, e.instance): e for e in found}
     # mm: M/BM x cdiv(N, BN) tiles per rank; send: one per row block; red: cdiv(M/world, BR) x cdiv(N, BN)
     assert sorted({(f, sum(1 for k in by if k[:2] == (r, f))) for r, f, _ in by}) == \
@@ -35,13 +35,13 @@ def test_every_instance_is_stamped_in_order_and_waits_end_after_their_producers(
         own_send = (e.rank * (M // world) + (e.instance // 1) * 32) // 128
         assert e.waited_us >= by[(e.rank, "send", own_send)].end_us - 1e-3, e
     out = tmp_path / "trace"
-    timeline.chrome_trace(found, f"{out}.json")
-    timeline.draw(found, f"{out}.png")
+    trace.chrome_trace(found, f"{out}.json")
+    trace.draw(found, f"{out}.png")
     events = json.loads(Path(f"{out}.json").read_text())["traceEvents"]
     assert {ev["pid"] for ev in events} == {"rank 0", "rank 1"}
     assert any(ev["name"].startswith("wait red") for ev in events)
     assert Path(f"{out}.png").stat().st_size > 10_000
-    assert "busy us" in timeline.summary(found)
+    assert "busy us" in trace.summary(found)
 
 
 def test_stamps_are_compiled_out_of_an_untraced_kernel():
@@ -59,7 +59,7 @@ def test_the_waits_in_a_loops_steps_count_as_the_instances_waiting():
     """sp_ag_attention waits in each step of its loop over pieces, not before its body: the time spent
     there is added to the instance's waiting (before, its stamp 1 came at its start: no wait seen)."""
     path = os.fspath(ROOT / "programs" / "sp_ag_attention.tds")
-    found = timeline.trace_emulated(path, 2, {"B": 1, "P": 64, "H": 2, "HKV": 1})
+    found = trace.trace_emulated(path, 2, {"B": 1, "P": 64, "H": 2, "HKV": 1})
     tiles = [e for e in found if e.family == "attn"]
     assert tiles and all(e.start_us < e.waited_us <= e.end_us for e in tiles)
 

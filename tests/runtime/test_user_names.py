@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tiledsl.runtime.emulate import run_ranks
-from tiledsl.runtime.run_program import run_emulated
+from tiledsl.tools.run_program import run_emulated
 
 pytestmark = pytest.mark.emulated
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from tiledsl.runtime.emulate import run_ranks
-from tiledsl.runtime.reference import Reference
-from tiledsl.runtime.run_program import EMULATED_DTYPES, Verdict, as_numpy, compare, make_inputs, poison, valid_rows, written_ranks
+from tiledsl.tools.reference import Reference
+from tiledsl.tools.run_program import EMULATED_DTYPES, Verdict, as_numpy, compare, make_inputs, poison, valid_rows, written_ranks
 
 CALLS = 2  # calls per program, each on fresh inputs
 

@@ -117,7 +117,7 @@ def judge(batch: list[Generated], emulate_every: int = EMULATE_EVERY, compiles: 
         for world in gen_bodies.WORLDS:
             sizes = generated.sizes[world] if generated.sizes is not None else None
             try:
-                from tiledsl.runtime.run_program import launch_sizes
+                from tiledsl.tools.run_program import launch_sizes
                 sizes = launch_sizes(done.schedule, world, sizes or {}, {})
             except TdsError as refusal:  # sizes the program cannot run at: a refusal, with its line
                 stats["sizes refused"] += 1

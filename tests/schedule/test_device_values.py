@@ -298,7 +298,7 @@ def test_a_part_of_an_arrival_keeps_its_dimensions():
 def test_the_reference_stores_the_box_of_the_whole_numbering():
     import torch
 
-    from tiledsl.runtime.reference import Reference
+    from tiledsl.tools.reference import Reference
     schedule = run(PARTS, until="check").schedule
     world, T, K, E = 2, 10, 2, 2  # BR = 8: rows 8 and 9 are numbered after the 16 ids before them
     generator = torch.Generator().manual_seed(3)

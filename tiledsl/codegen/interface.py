@@ -12,6 +12,10 @@ from tiledsl.codegen.body import (Arange, Copy, DescLoad, DescStore, Dim, Dot, F
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
+# a family's linear instance number and, split, its part: the names every kernel binds (plan.py uses them)
+INSTANCE = sympy.Symbol("tds_inst", integer=True, nonnegative=True)
+PART = sympy.Symbol("tds_part", integer=True, nonnegative=True)
+
 
 EPOCH = "tds_epoch"  # not an argument: the kernel reads it from the cell and hands it to its families
 
@@ -115,7 +119,6 @@ def walk(statements):
 def _local_symbols(family) -> set[str]:
     """Names a family binds itself: its indices, instance and part, its loops' variables, the device
     values it fetches and the blocks it computes."""
-    from tiledsl.codegen.plan import INSTANCE, PART
     bound = {s for s, _ in family.indices} | {INSTANCE, PART}
     bound |= {var for w in family.waits for var, _ in w.loops}
     bound |= {s.var for s in walk(family.body) if isinstance(s, Loop)}

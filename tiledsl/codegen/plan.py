@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import sympy
 
-import tiledsl
 from tiledsl import gpus
 from tiledsl.codegen.body import (Fence, If, LoweringError, Product, Put, Record, Statement, Wait, chunk_body,
                                   tile_body)
 from tiledsl.codegen.device import DeviceValues, GuardSite, Sites
-from tiledsl.codegen.interface import KernelInterface, interface_of
+from tiledsl.codegen.interface import INSTANCE, PART, KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
+from tiledsl.version import __version__
 
 
 @dataclass(frozen=True)
@@ -192,8 +192,6 @@ class KernelPlan:
 
 
 VALUE = sympy.Symbol("tds_value", integer=True, positive=True)  # a tensor dimension, solved for a param
-INSTANCE = sympy.Symbol("tds_inst", integer=True, nonnegative=True)
-PART = sympy.Symbol("tds_part", integer=True, nonnegative=True)
 
 
 def source_line(schedule: ir.Schedule, span) -> str:
@@ -255,7 +253,7 @@ def lower(schedule: ir.Schedule, consts: dict[str, int] | None = None, gpu=None)
     plan = KernelPlan(
         name=schedule.name, path=schedule.program.path,
         source_hash=hashlib.sha256(schedule.program.source.encode()).hexdigest()[:16],
-        version=tiledsl.__version__, params=tuple(schedule.params), consts=consts, tensors=tensors,
+        version=__version__, params=tuple(schedule.params), consts=consts, tensors=tensors,
         families=tuple(families), param_sources=param_sources(schedule), conditions=conditions(schedule),
         distributed=bool(peers) or bool(cross_rank),
         uses_nvshmem=any(f.engine == "nvshmem" or (f.notify is not None and f.notify.remote is not None)

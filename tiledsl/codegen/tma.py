@@ -1,45 +1,25 @@
-"""TMA's row rule, decided once. A tensor read or written through a TMA descriptor needs rows (its last
+"""Which tensors TMA reaches, and its row rule as launch conditions. A tensor read or written through a TMA descriptor needs rows (its last
 dimension) of a multiple of 16 bytes and a 16-byte aligned start: cuTensorMapEncodeTiled refuses anything
 else, and Triton asserts "strides must be 16-byte aligned". Which tensors go through descriptors is code
 generation's choice (a product's operands and TMA-stored target, a block tile's loads and stores under
 `const TMA`): `described` asks the lowering itself, and the sizes the checker and `tiledsl run` choose or
-accept (`row_conditions`) and the launcher's refusal (`row_refusal`) all judge by this module."""
+accept (`row_conditions`) judge by this module; the rule itself (`ROW_BYTES`, `row_multiple`, `rows_fit`)
+and the launcher's refusal (`row_refusal`) are runtime/specs.py, which generated modules import."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import sympy
 
 from tiledsl.codegen.body import DescLoad, DescStore, If, LoweringError, Loop, MakeDescriptor, Product, TmaStore
+from tiledsl.runtime.specs import ROW_BYTES, row_multiple
 from tiledsl.schedule import ir
 from tiledsl.tables import DTYPES
 
-ROW_BYTES = 16  # a descriptor's row stride and start address: multiples of this
 # `described` by program text and consts: a schedule is a function of them, and the checker builds a
 # new one per run (lowering sp_ag_attention's tiles is a quarter of its check)
 _DESCRIBED: dict[tuple, dict[str, str]] = {}
 _DESCRIBED_KEPT = 256
-
-
-def row_multiple(itemsize: int) -> int:
-    """The elements a TMA-read row must be a multiple of (8 for bf16, 4 for float32, 16 for fp8)."""
-    return ROW_BYTES // math.gcd(ROW_BYTES, itemsize)
-
-
-def rows_fit(columns: int, itemsize: int) -> bool:
-    return columns * itemsize % ROW_BYTES == 0
-
-
-def row_refusal(tensor: str, where: str, columns: int, dtype: str, declared: str) -> str:
-    """The launcher's message for rows of `columns` elements of `dtype` (a tables.DTYPES name, the
-    tensor's own; `declared` where the program declares another, run through a dtype override)."""
-    itemsize = DTYPES[dtype].torch.itemsize
-    running = f"; the program declares {declared}" if declared != dtype else ""
-    return (f"tensor '{tensor}' ({where}): its rows are {columns * itemsize} bytes ({columns} x {dtype}{running}); "
-            f"it is read or written through a TMA descriptor, which needs rows of a multiple of {ROW_BYTES} "
-            f"bytes: pad the last dimension to a multiple of {row_multiple(itemsize)}, or call tiledsl.ops, "
-            "which pads")
 
 
 def statement_tensors(statements, product: Product | None = None, tma_target: str | None = None) -> set[str]:

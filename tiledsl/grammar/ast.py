@@ -8,18 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-
-@dataclass(frozen=True)
-class Span:
-    """A source range: 1-based line and column of its first character, and its end."""
-    line: int
-    column: int
-    end_line: int
-    end_column: int
-
-    @staticmethod
-    def none() -> "Span":
-        return Span(0, 0, 0, 0)
+from tiledsl.diagnostics import Span  # noqa: F401 - every node's position; ast.Span as ever
 
 
 # ---- expressions -------------------------------------------------------------------------------

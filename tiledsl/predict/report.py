@@ -8,7 +8,8 @@ import json
 from dataclasses import dataclass
 
 from tiledsl.predict.simulate import PROGRAM_ORDER, Prediction, Slot
-from tiledsl.runtime.timeline import Event
+from tiledsl.tools import trace
+from tiledsl.tools.trace import Event
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,9 @@ def events(prediction: Prediction) -> list[Event]:
 
 
 def chrome_trace(prediction: Prediction, path) -> None:
-    """`timeline.chrome_trace`'s format, every process named 'rank N (predicted)' and the file's
+    """`trace.chrome_trace`'s format, every process named 'rank N (predicted)' and the file's
     metadata saying so."""
-    from tiledsl.runtime import timeline
-    timeline.chrome_trace(events(prediction), path)
+    trace.chrome_trace(events(prediction), path)
     with open(path) as handle:
         data = json.load(handle)
     for event in data["traceEvents"]:

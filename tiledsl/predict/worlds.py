@@ -91,7 +91,7 @@ class Row:
 
 
 def _predict_us(program: str, world: int, nodes: int, sizes: dict, rates: Rates) -> tuple[float, int]:
-    from tiledsl.runtime.run_program import launch_sizes
+    from tiledsl.tools.run_program import launch_sizes
     schedule = pipeline.run(PROGRAMS / f"{program}.tds", until="schedule").schedule
     full = launch_sizes(schedule, world, sizes, {}, nodes)
     found = simulate(schedule, world, full, rates, nodes)

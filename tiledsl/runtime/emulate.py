@@ -25,7 +25,7 @@ TESTED_TRITON = ("3.9",)
 # afresh costs each rank ~2 s, which dominated a run. The server never runs a kernel or a torch op,
 # so a fork of it holds no threads and no interpreter state.
 PRELOAD = ["torch", "triton", "triton.language", "tiledsl.api", "tiledsl.pipeline", "tiledsl.schedule.check",
-           "tiledsl.codegen", "tiledsl.runtime.launch", "tiledsl.runtime.run_program"]
+           "tiledsl.codegen", "tiledsl.runtime.launch", "tiledsl.tools.run_program"]
 
 
 class EmulatedHeap(SymmetricHeap):

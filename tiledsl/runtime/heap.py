@@ -15,17 +15,9 @@ import torch
 import torch.distributed as dist
 
 from tiledsl.runtime import placement
+# where callers have always found it (README: before `init_process_group`); placement.start calls it too
+from tiledsl.runtime.placement import disable_multicast
 from tiledsl.topology import Topology, declared, launched, within_one_machine
-
-# NVLink SHARP / multicast off in every library that could reach for it; read once, when each library initialises.
-_NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-def disable_multicast() -> None:
-    """Set the env vars that keep NCCL, torch and NVSHMEM off multicast; call before `init_process_group`."""
-    for name, value in _NO_MULTICAST_ENV.items():
-        os.environ.setdefault(name, value)
-
 
 # A peer offset to a rank of another node points into addresses no allocation uses: rank r's at
 # POISON_BASE + r * POISON_SPAN onwards (bytes), so that the emulator can name the rank reached. 16 TiB

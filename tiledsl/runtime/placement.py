@@ -87,11 +87,20 @@ def current(environ=None) -> Placement:
     return decide(rank, world, torch.cuda.device_count(), environ)
 
 
+# NVLink SHARP / multicast off in every library that could reach for it; read once, when each library initialises.
+_NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def disable_multicast() -> None:
+    """Set the env vars that keep NCCL, torch and NVSHMEM off multicast; call before `init_process_group`."""
+    for name, value in _NO_MULTICAST_ENV.items():
+        os.environ.setdefault(name, value)
+
+
 def start(backend: str | None = None) -> Placement:
     """Initialise the process group where nobody has (NCCL, or gloo where ranks share GPUs), put this rank
     on its GPU, and say once, on rank 0, when ranks share GPUs. Refuses a group of NCCL alone on shared
     GPUs by name (NCCL would hang or fail at its first collective)."""
-    from tiledsl.runtime.heap import disable_multicast
     disable_multicast()  # before NCCL or NVSHMEM initialise: they read it once
     if not dist.is_initialized():
         env = current()

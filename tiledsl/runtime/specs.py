@@ -1,12 +1,14 @@
 """What a generated module declares about itself (its kernel's arguments, tensors and families), and
 the launch arithmetic that code generation and the launcher share (pipeline stages, warps,
-power-of-two blocks, instance numbering and order)."""
+power-of-two blocks, instance numbering and order), and TMA's row rule that both judge by."""
 from __future__ import annotations
 
 import enum
 import itertools
 import math
 from dataclasses import dataclass
+
+from tiledsl.tables import DTYPES
 
 SHARED_MEMORY_BYTES = 220 * 1024  # per SM on Hopper, less what Triton keeps for itself
 SHARED_MEMORY_LIMIT = 227 * 1024  # what one block may take on Hopper: the driver refuses a launch above it
@@ -174,3 +176,33 @@ def ordered_instances(extents, key) -> list[int]:
     """Instance numbers sorted by `key(*index)`: the order a family runs its instances in."""
     return [linear(index, tuple(extents))
             for index in sorted(itertools.product(*map(range, extents)), key=lambda i: key(*i))]
+
+
+# ---- TMA's row rule -------------------------------------------------------------------------------
+# A tensor read or written through a TMA descriptor needs rows (its last dimension) of a multiple of 16
+# bytes and a 16-byte aligned start: cuTensorMapEncodeTiled refuses anything else, and Triton asserts
+# "strides must be 16-byte aligned". Which tensors go through descriptors is code generation's choice
+# (codegen/tma.py: `described`, and `row_conditions` for the sizes the checker and `tiledsl run` choose
+# or accept); the rule itself, and the launcher's refusal (validate.py), are here.
+
+ROW_BYTES = 16  # a descriptor's row stride and start address: multiples of this
+
+
+def row_multiple(itemsize: int) -> int:
+    """The elements a TMA-read row must be a multiple of (8 for bf16, 4 for float32, 16 for fp8)."""
+    return ROW_BYTES // math.gcd(ROW_BYTES, itemsize)
+
+
+def rows_fit(columns: int, itemsize: int) -> bool:
+    return columns * itemsize % ROW_BYTES == 0
+
+
+def row_refusal(tensor: str, where: str, columns: int, dtype: str, declared: str) -> str:
+    """The launcher's message for rows of `columns` elements of `dtype` (a tables.DTYPES name, the
+    tensor's own; `declared` where the program declares another, run through a dtype override)."""
+    itemsize = DTYPES[dtype].torch.itemsize
+    running = f"; the program declares {declared}" if declared != dtype else ""
+    return (f"tensor '{tensor}' ({where}): its rows are {columns * itemsize} bytes ({columns} x {dtype}{running}); "
+            f"it is read or written through a TMA descriptor, which needs rows of a multiple of {ROW_BYTES} "
+            f"bytes: pad the last dimension to a multiple of {row_multiple(itemsize)}, or call tiledsl.ops, "
+            "which pads")

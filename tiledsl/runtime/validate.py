@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from tiledsl.runtime.specs import ROW_BYTES, row_refusal, rows_fit
+
 
 class LaunchError(ValueError):
     """A caller's tensor or size does not fit the program; the message names which and why."""
@@ -71,9 +73,8 @@ def sizes(module, callers, tensors: dict[str, torch.Tensor], rank: int, world: i
 
 def _tma_rows(module, shapes: dict, tensors: dict, dtype_override: dict) -> None:
     """A matrix product reads its operands (and may write its result) through TMA descriptors, which
-    need rows of a multiple of 16 bytes and 16-byte aligned bases (codegen/tma.py, the rule that
+    need rows of a multiple of 16 bytes and 16-byte aligned bases (runtime/specs.py, the rule that
     `tiledsl run` and the default sizes meet too): say so before Triton asserts."""
-    from tiledsl.codegen.tma import ROW_BYTES, row_refusal, rows_fit
     where = {t.name: t.where for t in module.tds_TENSORS}
     for arg in module.tds_ARGS:
         if arg.kind != "descriptor":

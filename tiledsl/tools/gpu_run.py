@@ -7,17 +7,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+import tiledsl
 from tiledsl.runtime import placement
-from tiledsl.runtime.run_program import (TOLERANCE, Verdict, compare, launch_sizes, left_as_passed, make_inputs,
-                                         poison, program_schedule, still_as_passed, valid_rows, written_ranks)
-from tiledsl.runtime.reference import Reference
+from tiledsl.runtime.heap import open_heap
+from tiledsl.tools.reference import Reference
+from tiledsl.tools.run_program import (TOLERANCE, Verdict, compare, launch_sizes, left_as_passed, make_inputs,
+                                       poison, program_schedule, still_as_passed, valid_rows, written_ranks)
 from tiledsl.topology import declared
 
 
 def run_gpu(source: str, sizes: dict, seed: int = 0, calls: int = 2) -> list[Verdict]:
-    import tiledsl
-    from tiledsl.runtime.heap import open_heap
-
     place = placement.start()
     rank, world = dist.get_rank(), dist.get_world_size()
     schedule = program_schedule(source)

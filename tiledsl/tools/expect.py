@@ -1,6 +1,6 @@
 """`tiledsl run FILE --expect EXPECT.py`: outputs checked against what the author means, in torch.
 
-The reference (runtime/reference.py) computes what the program says, from the same schedule that code
+The reference (tools/reference.py) computes what the program says, from the same schedule that code
 generation reads: a program that says something else than its author meant agrees with it. An
 expectation is written by the author in plain torch from what the program is for, and sees only the
 inputs. EXPECT.py defines a function named as the program (`program NAME`), or else `expect`:

@@ -1,25 +1,30 @@
-"""`tiledsl run`: run a program on random inputs and check every output against the torch reference.
-
-Without GPUs (or with --emulate) the ranks are emulated: the generated kernels in Triton's interpreter,
-one process per rank. Under torchrun on GPUs the program runs for real."""
+"""A program on emulated ranks, on random inputs, every output checked against the torch reference
+(tools/reference.py) or an expectation (tools/expect.py): the generated kernels in Triton's interpreter,
+one process per rank. The inputs, sizes, tolerances and comparisons here are also what a run on GPUs
+(tools/gpu_run.py) checks by; `tiledsl run` itself is tools/run.py."""
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 
 import sympy
 import torch
 
+import tiledsl
 from tiledsl import pipeline
+from tiledsl.api import build_module, load_built
+from tiledsl.codegen.tma import row_conditions
 from tiledsl.diagnostics import TdsError, error
-from tiledsl.runtime.reference import Reference, evaluate
+from tiledsl.runtime import emulate
+from tiledsl.schedule import ir
+from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols, size_values
 from tiledsl.tables import DTYPES
+from tiledsl.tools.expect import expected_outputs
+from tiledsl.tools.reference import Reference, evaluate
 from tiledsl.topology import NODES_VARIABLE
 
 # The interpreter computes bf16 `tl.dot` wrongly (triton 3.9); emulation runs bf16 tensors as float32.
 EMULATED_DTYPES = {"bfloat16": "float32"}
-EMULATED_WORLD = 2  # ranks when `tiledsl run` is given no --world
 TOLERANCE = {name: dtype.tolerance for name, dtype in DTYPES.items()}
 
 
@@ -65,7 +70,6 @@ def id_bounds(schedule) -> dict:
     """The integer inputs used as ids, and the bound each use puts on them: routed into n groups
     (`histogram(ids, n)`), or a point index into a dimension (its extent), or copied by a chunk into
     a tensor so used; the smallest of them."""
-    from tiledsl.schedule import ir
     found: dict = {}
 
     def bound(tensor: str, value) -> None:
@@ -117,8 +121,6 @@ def _emulated_ranks(heap, jobs: list[tuple]):
 def _emulated_calls(heap, source: str, consts: dict, shapes: list[dict], calls: list[list[dict]], dtype_map: dict,
                     timeout_s: float, built: str | None = None):
     """`_emulated_rank`'s work; `built`: the path of the module the parent built (api.build_module)."""
-    import tiledsl
-    from tiledsl.api import load_built
     override = {k: getattr(torch, v) for k, v in dtype_map.items()}
     options = {"emulated": True, "dtype_override": override, "wait_timeout_s": timeout_s}
     program = load_built(built).tds_load(heap=heap, **options) if built else \
@@ -174,23 +176,21 @@ def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int =
                  expect=None) -> list[Verdict]:
     """Run a program on `world` emulated ranks (in `nodes` nodes: default TILEDSL_NODES, else one), `calls`
     times on fresh random inputs each, and compare every call's outputs with the reference, or with
-    `expect(inputs, world, sizes)` where given (tiledsl.runtime.expect). Fresh inputs matter: a wait
+    `expect(inputs, world, sizes)` where given (tiledsl.tools.expect). Fresh inputs matter: a wait
     that let a consumer through too early on a later call would otherwise read the last call's
     identical data and pass."""
-    from tiledsl.runtime.emulate import run_ranks
     run = EmulatedRun.prepare(source, world, sizes, seed, calls, consts, timeout_s, nodes, expect)
-    return run.verdicts(run_ranks(_emulated_rank, world, *run.job(), nodes=run.nodes))
+    return run.verdicts(emulate.run_ranks(_emulated_rank, world, *run.job(), nodes=run.nodes))
 
 
 def run_together(runs: list["EmulatedRun"], timeout_s: float = 600.0) -> list:
     """Several prepared runs of one world (and topology) in one set of rank processes, each program in
     turn: the ranks pay once for starting. Returns each run's verdicts, or the exception it failed with;
     a failure stops the set, so then each run is repeated alone to lay it at its program's door."""
-    from tiledsl.runtime.emulate import run_ranks
     if not runs:
         return []
     try:
-        per_rank = run_ranks(_emulated_ranks, runs[0].world, [run.job() for run in runs], timeout_s=timeout_s,
+        per_rank = emulate.run_ranks(_emulated_ranks, runs[0].world, [run.job() for run in runs], timeout_s=timeout_s,
                              nodes=runs[0].nodes)
     except RuntimeError as failure:
         if len(runs) == 1:
@@ -236,10 +236,8 @@ class EmulatedRun:
                           for n in outputs} for rank, got in enumerate(reference.run(each))] for each in inputs]
             against = ""
         else:
-            from tiledsl.runtime.expect import expected_outputs
             expected = [expected_outputs(expect, schedule, each, world, sizes, shapes) for each in inputs]
             against = f"; against {expect.where}"
-        from tiledsl.api import build_module
         built = build_module(source, consts).__file__  # once here, not once a rank; a build error before any rank
         return cls(os.fspath(source), schedule, world, nodes, sizes, consts, calls, timeout_s, inputs, expected,
                    shapes, against, built)
@@ -300,7 +298,6 @@ class EmulatedRun:
 
 def written_ranks(schedule, world: int, sizes: dict, consts: dict, nodes: int = 1) -> dict[str, set[int]]:
     """Per tensor, the ranks whose copy some instance writes (the schedule's meaning at these sizes)."""
-    from tiledsl.schedule.meaning import instantiate
     concrete = instantiate(schedule, world, {**consts, **sizes}, nodes)
     written: dict[str, set[int]] = {name: set() for name in schedule.tensors}
     for access in concrete.accesses:
@@ -338,7 +335,6 @@ def rounded_dtype(schedule, tensor: str, dtype: str) -> str:
 def _casts(family, written: str) -> set[str]:
     """The dtypes a family's stores into `written` round to on the way: in the stored value, or in a
     name it reads (a block's names carry the casts of every binding, loop updates included)."""
-    from tiledsl.schedule import ir
     of_name: dict[str, set[str]] = {}
 
     def walk(value) -> set[str]:
@@ -373,8 +369,6 @@ def _casts(family, written: str) -> set[str]:
 def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1) -> dict:
     """The given sizes, the rest from `default_sizes`; sizes the program cannot run at are reported
     against the .tds line that needs them, before any rank starts."""
-    from tiledsl.codegen.tma import row_conditions
-    from tiledsl.schedule.meaning import compile_exprs, default_sizes, size_symbols, size_values
     program = schedule.program
     if world % nodes:
         raise TdsError([error(f"{world} ranks do not split into {nodes} nodes of equal size", program.name.span)],
@@ -430,40 +424,3 @@ def compare(tensor: str, got: list[torch.Tensor], want: list[torch.Tensor], dtyp
         worst = float("inf")
         note += f"; {unwritten} elements never written (still NaN)" if unwritten else f"; {infinite} elements Inf"
     return Verdict(tensor, worst <= TOLERANCE.get(dtype, 0.0), worst, note)
-
-
-def main_run(args) -> int:
-    """The `tiledsl run` command: print one verdict line per output; 1 on a mismatch."""
-    sizes = dict(parse_size(s) for s in (args.size or []))
-    gpu = torch.cuda.is_available() and "WORLD_SIZE" in os.environ and not args.emulate
-    expect_path = getattr(args, "expect", None)
-    if gpu and expect_path:
-        print(f"{args.file}: error: --expect runs on emulated ranks only (add --emulate)", file=sys.stderr)
-        return 1
-    if gpu:
-        from tiledsl.runtime.gpu_run import run_gpu
-        verdicts = run_gpu(args.file, sizes, args.seed)
-    else:
-        from tiledsl.runtime.expect import ExpectationError, load_expectation
-        try:
-            expect = load_expectation(expect_path, program_schedule(args.file).name) if expect_path else None
-            verdicts = run_emulated(args.file, args.world or EMULATED_WORLD, sizes, args.seed,
-                                    nodes=getattr(args, "nodes", None), expect=expect)
-        except ExpectationError as exc:
-            print(f"{args.file}: error: {exc}", file=sys.stderr)
-            return 1
-    if not gpu or torch.distributed.get_rank() == 0:  # under torchrun every rank has the same verdicts
-        for verdict in verdicts:
-            print(f"{args.file}: {verdict.line()}", flush=True)
-    return 0 if all(v.ok for v in verdicts) else 1
-
-
-def parse_size(text: str) -> tuple[str, int]:
-    name, _, value = text.partition("=")
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if not name or number <= 0:
-        raise ValueError(f"--size takes NAME=POSITIVE_INTEGER, got {text!r}")
-    return name, number
