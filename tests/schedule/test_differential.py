@@ -23,6 +23,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
@@ -295,20 +296,7 @@ def test_bruteforce_confirms_families_that_wait_on_each_other():
     assert bruteforce.confirm(chained, Deadlock(At(2, (("N", 4),)), (Step(t, later, 2), Step(later, t, None)))) is None
 
 
-TREE = """\
-program gen_chain
-param N
-in X : f32[N, 4]
-out Y : f32[N, 4]
-symm B : f32[N, 4]
-tile seed[i in cdiv(N, 2)] if rank == 0: B[i*2 : +2, :] = X[i*2 : +2, :] * 2.0 + 1.0
-tile hop[i in cdiv(N, 2)] if rank != 0: B[i*2 : +2, :] = B@(rank - 1)[i*2 : +2, :]
-tile use[i in cdiv(N, 2)] on sms(2): Y[i*2 : +2, :] = B[i*2 : +2, :]
-seed[i] after seed[(i - 1)/2]
-hop[i] after seed[i] @ (rank - 1), hop[i] @ (rank - 1)
-use[i] after seed[i], hop[i]
-order seed by (i - rank) mod world
-"""
+TREE = (Path(__file__).parent / "broken" / "seed_4963_tree.tds").read_text()  # seed 4963, cut down
 
 
 def test_seed_4963_is_refused_with_a_deadlock_the_brute_force_confirms():
