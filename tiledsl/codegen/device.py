@@ -15,6 +15,7 @@ from tiledsl.codegen.body import (Dim, Fetch, LoweringError, Place, Report, Scal
                                   _covers)
 from tiledsl.runtime import guards
 from tiledsl.schedule import ir
+from tiledsl.schedule.wording import declared
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,6 @@ class GuardSite:
     tensor: str
     target: str
     declared: str
-
-
-def declared(schedule: ir.Schedule, tensor: str) -> str:
-    span = schedule.tensors[tensor].span
-    lines = schedule.program.source.splitlines()
-    text = " ".join(lines[span.line - 1].split()) if 0 < span.line <= len(lines) else tensor
-    return f"{schedule.program.path}:{span.line} `{text}`"
 
 
 class Sites:

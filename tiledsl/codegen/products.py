@@ -22,6 +22,7 @@ import dataclasses
 
 import sympy
 
+from tiledsl.codegen.names import value_name
 from tiledsl.schedule import ir
 
 DEFAULT_BLOCK_K = 64  # as the one-block lowering's K step (body.py) where the program names no BK
@@ -65,7 +66,7 @@ def split_k(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], ta
     if len(found) < 2 or len(extents) != 1:
         return family
     (extent,) = extents
-    var = ir.index_symbol(_name("tds_kstep", taken))
+    var = ir.index_symbol(value_name("kstep", taken))
     accumulators = {}
     statements: list = []
     steps: list = []
@@ -75,7 +76,7 @@ def split_k(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], ta
     def operand(region: ir.Region, axis: int) -> ir.Local:
         region = _k_step(region, axis, var, block_k)
         if region not in operands:
-            operands[region] = ir.Local(_name("tds_kop", taken))
+            operands[region] = ir.Local(value_name("kop", taken))
             steps.append(ir.Let(operands[region].name, ir.Load(region), region.shape,
                                 schedule.tensors[region.tensor].dtype))
         return operands[region]
@@ -83,7 +84,7 @@ def split_k(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], ta
     for product, _ in found:
         if product in accumulators:  # the same product twice in the tile: one accumulator
             continue
-        name = _name("tds_kacc", taken)
+        name = value_name("kacc", taken)
         accumulators[product] = name
         shape = (product.left.region.shape[-2], product.right.region.shape[-1])
         statements.append(ir.Let(name, ir.Scalar(0.0), (), "float32"))
@@ -149,12 +150,3 @@ def _replaced(value, accumulators: dict):
     if isinstance(value, ir.Transpose):
         return ir.Transpose(_replaced(value.value, accumulators))
     return value
-
-
-def _name(base: str, taken: set[str]) -> str:
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}{n}"
-    taken.add(name)
-    return name

@@ -6,6 +6,15 @@ from tiledsl.schedule import ir
 from tiledsl.schedule.meaning import Concrete, Instance
 from tiledsl.schedule.witness import At, Point
 
+
+def declared(schedule: ir.Schedule, tensor: str) -> str:
+    """`file:line` and the declaration of a tensor as written, comment included: what the bound means."""
+    span = schedule.tensors[tensor].span
+    lines = schedule.program.source.splitlines()
+    text = " ".join(lines[span.line - 1].split()) if 0 < span.line <= len(lines) else tensor
+    return f"{schedule.program.path}:{span.line} `{text}`"
+
+
 def family_text(schedule: ir.Schedule, name: str) -> str:
     return f"{schedule.families[name].kind.value} '{name}'"
 

@@ -14,6 +14,7 @@ from tiledsl.runtime import guards
 from tiledsl.schedule import ir
 from tiledsl.schedule.intcode import code
 from tiledsl.schedule.meaning import instantiate, runs_when
+from tiledsl.schedule.wording import declared
 from tiledsl.tables import FUNCTIONS
 
 
@@ -25,14 +26,6 @@ def _host(expr) -> "callable":
 
 def evaluate(expr, env) -> int:
     return int(_host(expr)(env))
-
-
-def declared(schedule: ir.Schedule, tensor: str) -> str:
-    """`file:line` and the declaration of a tensor as written, comment included: what the bound means."""
-    span = schedule.tensors[tensor].span
-    lines = schedule.program.source.splitlines()
-    text = " ".join(lines[span.line - 1].split()) if 0 < span.line <= len(lines) else tensor
-    return f"{schedule.program.path}:{span.line} `{text}`"
 
 
 class Reference:
