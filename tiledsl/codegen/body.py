@@ -27,9 +27,6 @@ BLOCK_2D = (64, 256)     # rows x columns per step of a 2-D chunk copy: 32 KB of
 BLOCK_FLAT_BYTES, BLOCK_FLAT_MOST = 32768, 16384
 
 
-BLOCK_HINT = "write the tile as a block: `tile t[...]:`, then a name a line (`a = A[...]`), and the store"
-
-
 class LoweringError(Exception):
     """The schedule is valid but uses something code generation does not support yet. The checker
     reports it at `span` (the family's, where the raise names none) with `hint` (codegen/emittable.py),
@@ -642,8 +639,7 @@ class _Tile:
         return name
 
     def matmul(self, product: ir.MatMul, out: list) -> str:
-        if self.product is not None:
-            raise LoweringError("a tile may hold one matrix product", hint=BLOCK_HINT + ", which may hold several")
+        """The tile's one product: a tile with more is a block (`written_as_block`, codegen/products.py)."""
         left, right = product.left.region, product.right.region
         for region in (left, right):
             if region.owner is not None or region.rows is not None or not _points_then_block(region):
