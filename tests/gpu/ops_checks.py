@@ -55,26 +55,36 @@ def call(op: str, tensors: list[torch.Tensor], kwargs: dict, **extra):
 
 
 def expected(op: str, mine: list[torch.Tensor], kwargs: dict, rank: int, world: int) -> list[torch.Tensor]:
-    """float64 results from every rank's inputs, gathered through NCCL."""
+    """float64 results from every rank's inputs, gathered through NCCL (gloo where ranks share a GPU).
+    Every rank's inputs are gathered as they are and widened one at a time, and a reduce-scatter's
+    products are formed only over this rank's rows: where 8 ranks share one GPU, every rank's float64
+    products of matmul_reduce_scatter at M = 4091 x 8 took 14 GB a rank (2026-12-03), and NVSHMEM's heap
+    could then not grow (cuMemCreate failed)."""
     def gathered(t):
         parts = [torch.empty_like(t) for _ in range(world)]
         host.all_gather(parts, t.contiguous())
-        return [p.double() for p in parts]
+        return parts
+
+    def total(terms):  # the float64 sum of tensors made one at a time
+        out = None
+        for term in terms:
+            out = term.to(torch.float64, copy=True) if out is None else out.add_(term.double())
+        return out
 
     if op == "all_gather_matmul":
-        return [torch.cat(gathered(mine[0])) @ mine[1].double()]
+        return [torch.cat(gathered(mine[0])).double() @ mine[1].double()]
     if op == "matmul_reduce_scatter":
-        products = [a @ b for a, b in zip(gathered(mine[0]), gathered(mine[1]), strict=True)]
-        return [sum(products).chunk(world)[rank]]
+        return [total(a.chunk(world)[rank].double() @ b.double()
+                      for a, b in zip(gathered(mine[0]), gathered(mine[1]), strict=True))]
     if op == "matmul_all_reduce":
-        return [sum(a @ b for a, b in zip(gathered(mine[0]), gathered(mine[1]), strict=True))]
+        return [total(a.double() @ b.double() for a, b in zip(gathered(mine[0]), gathered(mine[1]), strict=True))]
     if op == "all_reduce":
-        return [sum(gathered(mine[0]))]
+        return [total(gathered(mine[0]))]
     if op == "all_gather":
-        return [torch.cat(gathered(mine[0]))]
+        return [torch.cat(gathered(mine[0])).double()]
     if op == "reduce_scatter":
-        return [sum(gathered(mine[0])).chunk(world)[rank]]
-    h = sum(gathered(mine[0])) + mine[1].double()
+        return [total(p.chunk(world)[rank] for p in gathered(mine[0]))]
+    h = total(gathered(mine[0])) + mine[1].double()
     return [F.rms_norm(h, (h.shape[-1],), mine[2].double(), eps=kwargs["eps"]), h]
 
 
