@@ -192,3 +192,25 @@ def test_a_kernel_past_the_shared_memory_of_an_sm_is_refused_at_its_tile_and_the
     assert "for k in cdiv(K, BK)" in found.hint
     path.write_text(SPLIT_K)
     assert "(arch sm_90)" in compile_report(path, "sm_90")
+
+
+CARRIED_FROM_AN_INTEGER = """\
+program carried_int
+param N, P
+in U : f32[P, N]
+out W : f32[N]
+tile red[i in cdiv(N, 4)]:
+    d = 0
+    for c in P:
+        d = d * 0.5 + 1.0
+    W[i*4 : +4] = U[0, i*4 : +4] + d
+"""
+
+
+def test_a_carried_scalar_that_starts_as_an_integer_compiles_as_the_float_it_becomes():
+    # generated bodies, seed 242: Triton keeps a loop-carried value's first type, so `d = 0` carried as
+    # `d * 0.5 + 1.0` was int32 re-assigned fp32 and only the GPU's compile refused it (emulation runs
+    # Python); the start is now a float32 0-d block
+    module = build_module(CARRIED_FROM_AN_INTEGER)
+    assert "d = tl.zeros([], tl.float32) + d" in Path(module.__file__).read_text()
+    assert report(module, "sm_90").spill_bytes == 0

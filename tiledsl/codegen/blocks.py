@@ -76,6 +76,7 @@ class _Block:
         self.head: list = []                            # the aranges, first in the body
         self.dot_only = _dot_only_names(family)
         self.shapes: dict[str, tuple] = {}              # each name's shape where it was last bound
+        self.integer_starts: set[str] = set()           # names last bound to an integer literal
         # device values its regions read (gathered rows' indices, a peer's rank): fetched per statement list
         self.sites = sites if sites is not None else Sites(schedule)
         self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
@@ -150,9 +151,16 @@ class _Block:
             elif isinstance(statement, ir.Let):
                 self.value(statement.value, out, into=statement.name)
                 self.shapes[statement.name] = statement.shape
+                integer = isinstance(statement.value, ir.Scalar) and isinstance(statement.value.value, int)
+                (self.integer_starts.add if integer else self.integer_starts.discard)(statement.name)
             elif isinstance(statement, ir.Loop):
                 for carried in statement.carried:
-                    if len(self.shapes.get(carried.name, ())) != len(carried.shape):  # a scalar start
+                    # a scalar start broadcast to the loop's blocks, or a scalar carried as a float that
+                    # starts as an integer literal (`d = 0` then `d = d * 0.5`): Triton keeps a carried
+                    # value's first type, so it starts as float32
+                    if (len(self.shapes.get(carried.name, ())) != len(carried.shape)
+                            or (not carried.shape and carried.name in self.integer_starts
+                                and carried.dtype.startswith(("float", "bfloat")))):
                         blocks = tuple(self.block(d) for d in carried.shape)
                         out.append(b.Full(carried.name, blocks, carried.name))
                     self.shapes[carried.name] = carried.shape
