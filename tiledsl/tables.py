@@ -36,6 +36,7 @@ DTYPES = {d.name: d for d in (
     Dtype("float8_e4m3fn", ("fp8", "e4m3"), "tl.float8e4nv", "fp8e4nv", 7e-2),
 )}
 SPELLINGS = {s: d.name for d in DTYPES.values() for s in d.spellings}  # bf16 -> bfloat16
+EIGHT_BIT = frozenset({"float8_e4m3fn", "int8", "uint8"})  # one-byte elements: tl.dot's K must be >= 32
 
 
 def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps=1e-6) -> torch.Tensor:
@@ -102,3 +103,6 @@ NAMED = {f.name: f for f in FUNCTIONS.values() if f.operator is None}      # wri
 BINARY = {f.operator: f.name for f in FUNCTIONS.values() if f.operator and f.arity == (2, 2)}
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")       # their values are booleans
 INTEGER_CLOSED = ("add", "sub", "mul", "neg", "min", "max")  # of integers, an integer
+# functions whose Triton form takes floating operands only (tl.math.div_rn, tl.exp, tl.sigmoid ...): an
+# integer block (a load of an i8 tensor, kept native for integer arithmetic) enters them as float32
+FLOAT_ONLY = ("div", "sqrt", "rsqrt", "exp", "exp2", "log", "log2", "sigmoid", "silu", "gelu", "tanh", "rmsnorm")

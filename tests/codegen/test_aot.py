@@ -215,3 +215,42 @@ def test_a_carried_scalar_that_starts_as_an_integer_compiles_as_the_float_it_bec
     module = build_module(CARRIED_FROM_AN_INTEGER)
     assert "d = tl.zeros([], tl.float32) + d" in Path(module.__file__).read_text()
     assert report(module, "sm_90").spill_bytes == 0
+
+
+GPU_ONLY_REFUSALS = """\
+program gpu_only_refusals
+param N, P
+const BK = 8, BM = 16
+in A8 : fp8[16, 8]
+in B8 : fp8[8, 16]
+in S : bf16[16, 16]
+in R : bf16[16, N]
+in I : i64[16, P]
+in J : i8[16, P]
+in F : f32[16, P]
+out C8 : f32[16, 16]
+out H : f32[16, N]
+out U : f32[16, P]
+out V : f32[16, P]
+tile fp8k[i in 1]:
+    c = 0.0
+    for k in 1:
+        c = c + A8[:, k*8 : +8] @ B8[k*8 : +8, :]
+    C8[:, :] = c
+tile bk[j in cdiv(N, BM)]: H[:, j*BM : +BM] = S[:, :] @ R[:, j*BM : +BM]
+tile carried[j in cdiv(P, BM)]:
+    u = I[:, j*BM : +BM]
+    for c in 2:
+        u = u * 0.5 + 1.0
+    U[:, j*BM : +BM] = u
+tile divide[j in cdiv(P, BM)]: V[:, j*BM : +BM] = J[:, j*BM : +BM] / (abs(F[:, j*BM : +BM]) + 1.0) + exp(J[:, j*BM : +BM])
+"""
+
+
+def test_what_only_the_sm_90_compile_refused_in_generated_bodies_compiles():
+    # generated bodies, seeds 105, 134, 172, 209, 211 and 247 compiled for sm_90 (TDS_BODIES_COMPILES): an fp8
+    # product whose K block was 16 (tl.dot takes 32 for 8-bit operands), a product whose K step was a
+    # `const BK = 8` (16 at least), a float carried from an i64 block, `i8 / f32` and exp of an i8 block
+    # (div_rn and exp take fp32); emulation runs all of them, only the GPU's compiler refused
+    row = report(build_module(GPU_ONLY_REFUSALS), "sm_90")
+    assert row.spill_bytes == 0 and row.shared_bytes < HOPPER_SHARED_BYTES

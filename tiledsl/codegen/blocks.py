@@ -18,9 +18,10 @@ from tiledsl.codegen.names import value_name
 from tiledsl.runtime.specs import pow2_at_least
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import value_shape
-from tiledsl.tables import COMPARISONS, FUNCTIONS, INTEGER_CLOSED
+from tiledsl.tables import COMPARISONS, EIGHT_BIT, FLOAT_ONLY, FUNCTIONS, INTEGER_CLOSED
 
 MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
+MIN_BLOCK_8BIT = 32  # and K at least 32 where an operand has 8-bit elements (fp8, i8)
 # fp32 elements of a tile's largest block that one warp holds: 64 registers a thread, which leaves
 # the rest of the 255 for the other blocks of a step. More, and ptxas spills (seen: a [128, 128]
 # accumulator on 4 warps, 255 registers and a 512-byte stack).
@@ -71,12 +72,15 @@ class _Block:
         self.names: set[str] = set(TEMPLATE_NAMES) | {s.name for s in _all_lets(family.body)} | \
             {s.var.name for s in _all_loops(family.body)}
         self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time blocks: name, the size it covers
+        # generated bodies, seed 172 (an fp8 product of K = 8): only the sm_90 compile refused a 16-wide K
+        self.min_block = MIN_BLOCK_8BIT if any(schedule.tensors[t].dtype in EIGHT_BIT
+                                               for t in _product_operand_tensors(family)) else MIN_BLOCK
         self.block_of: dict = {}
         self.aranges: dict[tuple, str] = {}
         self.head: list = []                            # the aranges, first in the body
         self.dot_only = _dot_only_names(family)
         self.shapes: dict[str, tuple] = {}              # each name's shape where it was last bound
-        self.integer_starts: set[str] = set()           # names last bound to an integer literal
+        self.dtypes: dict[str, str] = {}                # and its dtype
         # device values its regions read (gathered rows' indices, a peer's rank): fetched per statement list
         self.sites = sites if sites is not None else Sites(schedule)
         self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
@@ -90,16 +94,16 @@ class _Block:
         return value_name(hint, self.names)
 
     def block(self, size) -> int | str:
-        """The block covering `size`: 1 for 1, else a power of two of at least MIN_BLOCK."""
+        """The block covering `size`: 1 for 1, else a power of two of at least `min_block`."""
         size = sympy.sympify(size)
         if size in self.block_of:
             return self.block_of[size]
         value = size.subs({ir.size_symbol(k): v for k, v in self.consts.items()})
         if value.is_Integer:
-            found = 1 if int(value) == 1 else max(MIN_BLOCK, pow2_at_least(int(value)))
+            found = 1 if int(value) == 1 else max(self.min_block, pow2_at_least(int(value)))
         else:
             found = f"tds_BLOCK_{self.family.name}_{len(self.blocks)}"
-            self.blocks.append((found, sympy.Max(MIN_BLOCK, size)))
+            self.blocks.append((found, sympy.Max(self.min_block, size)))
         self.block_of[size] = found
         return found
 
@@ -151,16 +155,14 @@ class _Block:
             elif isinstance(statement, ir.Let):
                 self.value(statement.value, out, into=statement.name)
                 self.shapes[statement.name] = statement.shape
-                integer = isinstance(statement.value, ir.Scalar) and isinstance(statement.value.value, int)
-                (self.integer_starts.add if integer else self.integer_starts.discard)(statement.name)
+                self.dtypes[statement.name] = statement.dtype
             elif isinstance(statement, ir.Loop):
                 for carried in statement.carried:
-                    # a scalar start broadcast to the loop's blocks, or a scalar carried as a float that
-                    # starts as an integer literal (`d = 0` then `d = d * 0.5`): Triton keeps a carried
-                    # value's first type, so it starts as float32
+                    # a scalar start broadcast to the loop's blocks, or a float carried from an integer
+                    # start (`d = 0` or an i64 block, then `d = d * 0.5`): Triton keeps a carried value's
+                    # first type, so it starts as float32 (generated bodies, seeds 242 and 134)
                     if (len(self.shapes.get(carried.name, ())) != len(carried.shape)
-                            or (not carried.shape and carried.name in self.integer_starts
-                                and carried.dtype.startswith(("float", "bfloat")))):
+                            or (carried.start_dtype and carried.dtype.startswith(("float", "bfloat")))):
                         blocks = tuple(self.block(d) for d in carried.shape)
                         out.append(b.Full(carried.name, blocks, carried.name))
                     self.shapes[carried.name] = carried.shape
@@ -184,6 +186,7 @@ class _Block:
                     out.append(b.Loop(statement.var, extent, tuple(steps), 1 if waits else None, specialize))
                 for carried in statement.carried:
                     self.shapes[carried.name] = carried.shape
+                    self.dtypes[carried.name] = carried.dtype
             else:
                 value = self.value(statement.value, out)
                 shape = self.shape(statement.value)
@@ -320,6 +323,19 @@ class _Block:
         at = tuple(self.k(d.start) for d in region.dims)
         return self.descriptors[key], at, tuple(block), blocks
 
+    def integral(self, value) -> bool:
+        """Whether the kernel holds `value` as integers: a load of an integer tensor (loaded as it is), a
+        name bound to one, integer-closed arithmetic or a where() of such."""
+        if isinstance(value, ir.Load):
+            return not self.floating(value.region.tensor)
+        if isinstance(value, ir.Local):
+            return self.dtypes.get(value.name, "float32").startswith(("int", "uint"))
+        if isinstance(value, ir.Map) and (value.func in INTEGER_CLOSED or value.func == "where"):
+            args = value.args[1:] if value.func == "where" else value.args
+            return all(self.integral(a) or isinstance(a, ir.Scalar) and isinstance(a.value, int) for a in args) \
+                and any(not isinstance(a, ir.Scalar) for a in args)
+        return False
+
     def apply(self, value: ir.Map, out: list, into: str | None) -> b.Operand:
         args = [self.value(a, out) for a in value.args]
         if value.func.startswith("cast:"):
@@ -331,6 +347,12 @@ class _Block:
             # a size kept an integer (for index arithmetic) enters float32 math here: tl.math.sqrt_rn and
             # div_rn take fp32 operands only (`x / sqrt(D)`, `rowsum(x) / D`)
             args = [b.Scalar(a.value) if isinstance(a, b.Scalar) and a.integer else a for a in args]
+        if value.func in FLOAT_ONLY:  # generated bodies, seeds 209 and 211: `i8 / f32` failed the sm_90 compile
+            for n, arg in enumerate(value.args):
+                if self.integral(arg) and not isinstance(args[n], b.Scalar):
+                    name = self.fresh("float")
+                    out.append(b.Cast(name, "float32", args[n]))
+                    args[n] = name
         row = None
         if function.rows:  # the length of the row it normalises over: the operand's last axis
             width = self.shape(value.args[0])[1]
@@ -557,6 +579,31 @@ def _all_loops(items):
         if isinstance(s, ir.Loop):
             yield s
             yield from _all_loops(s.body)
+
+
+def _product_operand_tensors(family: ir.Family) -> set[str]:
+    """The tensors a family's products read their operands from (loaded directly, transposed, or
+    through a name bound to a load)."""
+    loads = {}
+    for s in _all_lets(family.body):
+        if isinstance(s.value, ir.Load):
+            loads.setdefault(s.name, set()).add(s.value.region.tensor)
+    found: set[str] = set()
+
+    def walk(node):
+        if isinstance(node, ir.MatMul):
+            for side in (node.left, node.right):
+                tensor = _tensor_of(side)
+                found.update({tensor} if tensor else loads.get(getattr(side, "name", None), set()))
+        if dataclasses.is_dataclass(node):
+            for f in dataclasses.fields(node):
+                child = getattr(node, f.name)
+                for item in child if isinstance(child, tuple) else (child,):
+                    if dataclasses.is_dataclass(item):
+                        walk(item)
+    for statement in family.body:
+        walk(statement)
+    return found
 
 
 def _tensor_of(value) -> str | None:

@@ -189,6 +189,7 @@ class Carried:
     name: str
     shape: tuple[sympy.Expr, ...]
     dtype: str
+    start_dtype: str = ""  # the initial value's, where it differs (an integer start of a float sum)
 
 
 @dataclass(frozen=True)

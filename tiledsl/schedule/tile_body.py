@@ -228,7 +228,7 @@ class TileBody:
                 self.b.fail(f"'{n}' is carried across the loop, but it starts with shape {shape_text(start[0])} "
                             f"and the loop rebinds it with shape {shape_text(end[0])}", statement.span,
                             hint="a carried value keeps one shape (a scalar start is broadcast to it)")
-            state.append(ir.Carried(n, end[0], end[1]))
+            state.append(ir.Carried(n, end[0], end[1], start[1] if start[1] != end[1] else ""))
         # after the loop: carried names hold their last value; the steps' own names are gone
         self.scope, self.stepping = before_scope, before_stepping
         self.v.locals = {**before_locals, **{c.name: (c.shape, c.dtype) for c in state}}
