@@ -126,6 +126,24 @@ def test_a_compiler_bug_is_one_line_and_exit_3(capsys, monkeypatch):
         cli.main(["check", COPY])
 
 
+def test_a_compiler_bug_wrapped_by_another_error_names_the_innermost_one(capsys, monkeypatch):
+    # Triton's CompilationError reads "at 36:12:"; what the compile refused is the error it wraps
+    import tiledsl.schedule as schedule
+
+    def broken_stage(program):
+        try:
+            raise AssertionError("Loop-carried variable d has initial type int32 but is re-assigned to fp32")
+        except AssertionError as why:
+            raise RuntimeError("at 36:12:") from why
+
+    monkeypatch.setattr(schedule, "build_schedule", broken_stage)
+    monkeypatch.delenv("TILEDSL_TRACEBACK", raising=False)
+    code, out, err = run_cli(capsys, "check", COPY)
+    assert code == 3 and len(err.splitlines()) == 1
+    assert err.startswith("internal error: RuntimeError: at 36:12: (at test_cli.py:")
+    assert ", because AssertionError: Loop-carried variable d has initial type int32" in err
+
+
 def test_a_missing_stage_is_named_and_exits_2(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tiledsl.schedule.check", None)
     code, out, err = run_cli(capsys, "check", COPY)

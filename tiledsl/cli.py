@@ -249,7 +249,14 @@ def _internal(exc: BaseException) -> int:
         where = where.tb_next
     site = f" (at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno})" if where else ""
     message = str(exc).splitlines()[0] if str(exc) else ""
-    print(f"internal error: {type(exc).__name__}: {message[:300]}{site}; "
+    # Triton's CompilationError says only where ("at 36:12:"); the error it wraps says what
+    cause, seen = exc.__cause__ or exc.__context__, 0
+    while cause is not None and (cause.__cause__ or cause.__context__) is not None and seen < 8:
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    because = ""
+    if cause is not None and str(cause).strip():
+        because = f", because {type(cause).__name__}: {str(cause).strip().splitlines()[-1][:300]}"
+    print(f"internal error: {type(exc).__name__}: {message[:300]}{site}{because}; "
           "set TILEDSL_TRACEBACK=1 for the traceback", file=sys.stderr)
     return INTERNAL
 
