@@ -57,7 +57,9 @@ def test_generated_lines_are_short_and_free_of_degenerate_scaffolding(path):
     text = module(path)
     long = [line for line in text.splitlines() if len(line) > 120]
     assert not long, long
-    for pattern in (r"\* 1\b(?!\d)", r"\brange\(0, 1\)", r"\+ 0\b(?!\d)", r"// 1\b(?!\d)", r"\(\(\("):
+    # nor brackets around one name or number (`(0)`), nor `acc = acc + x` for `acc += x`
+    for pattern in (r"\* 1\b(?!\d)", r"\brange\(0, 1\)", r"\+ 0\b(?!\d)", r"// 1\b(?!\d)", r"\(\(\(",
+                    r"(?<![\w\]])\(\w+\)", r"(?m)^\s*(\w+) = \(?\1 \+ "):
         assert not re.search(pattern, text), (pattern, [line for line in text.splitlines() if re.search(pattern, line)])
 
 
