@@ -39,7 +39,7 @@ def test_rmsnorm_of_a_local_name_divides_by_its_row_length_and_masks_the_padding
     tile = _tile(RMSNORM_OF_A_NAME)
     assert "/ None" not in tile and "axis=1) / D + 1e-6)" in tile, tile
     # h = 2x + 1 is 1 past the row, not 0: the sum of squares must not count it
-    assert "tds_masked = tl.where(" in tile and "tds_rmsnorm = (tds_masked * tl.rsqrt(" in tile, tile
+    assert "tds_masked = tl.where(" in tile and "tds_rmsnorm = tds_masked * tl.rsqrt(" in tile, tile
 
 
 def test_a_param_enters_sqrt_and_division_as_float32():

@@ -57,7 +57,9 @@ def test_generated_lines_are_short_and_free_of_degenerate_scaffolding(path):
     text = module(path)
     long = [line for line in text.splitlines() if len(line) > 120]
     assert not long, long
-    for pattern in (r"\* 1\b(?!\d)", r"\brange\(0, 1\)", r"\+ 0\b(?!\d)", r"// 1\b(?!\d)", r"\(\(\("):
+    # nor brackets around one name or number (`(0)`), nor `acc = acc + x` for `acc += x`
+    for pattern in (r"\* 1\b(?!\d)", r"\brange\(0, 1\)", r"\+ 0\b(?!\d)", r"// 1\b(?!\d)", r"\(\(\(",
+                    r"(?<![\w\]])\(\w+\)", r"(?m)^\s*(\w+) = \(?\1 \+ "):
         assert not re.search(pattern, text), (pattern, [line for line in text.splitlines() if re.search(pattern, line)])
 
 
@@ -87,8 +89,9 @@ def test_let_names_survive_into_the_kernel():
 
 @pytest.mark.parametrize("path", EVERY, ids=lambda p: p.stem)
 def test_one_kernel_interface_gives_the_signature_and_each_family_only_what_it_reads(path):
-    """tds_ARGS is the kernel's signature; each family's parameters are kernel arguments (or the
-    epoch the kernel hands down) and every one of them is used in the family's body."""
+    """tds_ARGS is the kernel's signature; the kernel reads every one of its arguments (a tensor read
+    only through the host's TMA descriptors is not one); each family's parameters are kernel arguments
+    (or the epoch the kernel hands down) and every one of them is used in the family's body."""
     import ast
     text = module(path)
     tree = ast.parse(text)
@@ -100,9 +103,23 @@ def test_one_kernel_interface_gives_the_signature_and_each_family_only_what_it_r
     names = [a.name for a in namespace["tds_ARGS"]]
     assert [a.arg for a in functions["tds_kernel"].args.args] == names
     for name, function in functions.items():
+        if name == "tds_kernel":
+            used = {n.id for n in ast.walk(ast.Module(function.body, [])) if isinstance(n, ast.Name)}
+            assert set(names) <= used, sorted(set(names) - used)
         if not name.startswith(("tds_tile_", "tds_chunk_")):
             continue
         params = [a.arg for a in function.args.args]
         assert set(params) <= set(names) | {"tds_program", "tds_programs", "tds_epoch"}, (name, params)
         used = {n.id for n in ast.walk(ast.Module(function.body, [])) if isinstance(n, ast.Name)}
         assert set(params) <= used, (name, sorted(set(params) - used))
+
+
+@pytest.mark.parametrize("path", EVERY, ids=lambda p: p.stem)
+def test_inferring_the_params_binds_no_name_it_does_not_read(path):
+    import ast
+    function = next(f for f in ast.parse(module(path)).body
+                    if isinstance(f, ast.FunctionDef) and f.name == "tds_infer_params")
+    names = [n for n in ast.walk(function) if isinstance(n, ast.Name)]
+    bound = {n.id for n in names if isinstance(n.ctx, ast.Store)}
+    read = {n.id for n in names if isinstance(n.ctx, ast.Load)}
+    assert bound <= read, sorted(bound - read)

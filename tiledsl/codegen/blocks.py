@@ -164,7 +164,7 @@ class _Block:
                     if (len(self.shapes.get(carried.name, ())) != len(carried.shape)
                             or (carried.start_dtype and carried.dtype.startswith(("float", "bfloat")))):
                         blocks = tuple(self.block(d) for d in carried.shape)
-                        out.append(b.Full(carried.name, blocks, carried.name))
+                        out.append(_started(out, carried.name, blocks))
                     self.shapes[carried.name] = carried.shape
                 steps: list = []
                 self.statements(statement.body, steps, depth + 1)
@@ -501,6 +501,22 @@ class _Block:
             owner, conditions = values.index(region.owner, ir.WORLD, f"{region.tensor}@rank", out, *rows)
             valid += conditions
         return b.Place(region.tensor, owner, tuple(dims), rank, names, tuple(valid))
+
+
+def _started(out: list, name: str, blocks: tuple) -> b.Statement:
+    """A carried value's block from its scalar start. Where the start is a number bound just above
+    (`l = 0`, among other starts), that binding is the block itself: `l = tl.zeros(...)`, not `l = 0`
+    and then `l = tl.zeros(...) + l`."""
+    for n in range(len(out) - 1, -1, -1):
+        s = out[n]
+        if isinstance(s, b.Assign) and s.name == name and isinstance(s.value, b.Scalar) \
+                and isinstance(s.value.value, (int, float, sympy.Number)):
+            del out[n]
+            return b.Zeros(name, blocks) if s.value.value == 0 else b.Full(name, blocks, s.value)
+        if not (isinstance(s, (b.Assign, b.Full, b.Zeros)) and s.name != name
+                and (isinstance(s, b.Zeros) or isinstance(s.value, b.Scalar))):
+            break  # a statement that might read the scalar start: the block is made after it
+    return b.Full(name, blocks, name)
 
 
 def _hoisted(statements: list) -> list:

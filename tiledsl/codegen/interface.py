@@ -18,6 +18,7 @@ PART = sympy.Symbol("tds_part", integer=True, nonnegative=True)
 
 
 EPOCH = "tds_epoch"  # not an argument: the kernel reads it from the cell and hands it to its families
+EPOCH_CELL = "tds_epoch_cell"
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class KernelInterface:
 
     def of_kind(self, kind: Kind) -> tuple[Arg, ...]:
         return tuple(a for a in self.args if a.kind is kind)
+
+    @property
+    def unspecialized(self) -> tuple[str, ...]:
+        """The arguments the JIT must not specialise on (a value of 1, or one 16 divides): the rank and
+        the spin bound, where the kernel has them, so that every rank runs one compile."""
+        return tuple(a.name for a in self.args if a.name in ("rank", "tds_max_spins"))
 
 
 def interface_of(plan) -> KernelInterface:
@@ -78,7 +85,7 @@ def interface_of(plan) -> KernelInterface:
     args += [Arg(p, Kind.SIZE) for p in plan.params] + [Arg("rank", Kind.SIZE), Arg("world", Kind.SIZE)]
     if plan.spans_nodes:
         args += [Arg("nodes", Kind.SIZE), Arg("local_world", Kind.SIZE)]
-    args += [Arg("tds_epoch_cell", Kind.EPOCH_CELL, dtype="int32"), Arg("tds_diag", Kind.DIAG, dtype="int32"),
+    args += [Arg(EPOCH_CELL, Kind.EPOCH_CELL, dtype="int32"), Arg("tds_diag", Kind.DIAG, dtype="int32"),
              Arg("tds_max_spins", Kind.MAX_SPINS)]
     if plan.distributed:
         # across nodes the barrier's second level is an NVSHMEM signal: 64-bit slots
@@ -96,12 +103,29 @@ def interface_of(plan) -> KernelInterface:
     for f in kernel_families:
         args += [Arg(f"tds_{role}_{f.name}", Kind.ROLE, f.name) for role in ("RUN", "START", "PROGRAMS")]
     order = {a.name: n for n, a in enumerate(args)}
-    order[EPOCH] = order["tds_epoch_cell"]
+    order[EPOCH] = order[EPOCH_CELL]
     families = {f.name: tuple(sorted(_needs(f, plan), key=order.__getitem__)) for f in kernel_families}
-    return KernelInterface(tuple(args), families)
+    # an argument that nothing reads is left out of the signature and the launch: a product's operands
+    # are read through the descriptors the host makes of them, a copy-engine chunk's tensors by the host
+    read = _kernel_reads(plan) | {EPOCH_CELL if n == EPOCH else n for names in families.values() for n in names}
+    return KernelInterface(tuple(a for a in args if a.name in read), families)
 
 
 # ---- what a family reads ---------------------------------------------------------------------------
+
+def _kernel_reads(plan) -> set[str]:
+    """What the kernel reads itself (kernel.py.jinja), beside what it hands its families: the epoch,
+    the entry's timeline row, the roles, the ranks each family runs on and the entry and exit barriers."""
+    names = {EPOCH_CELL, "tds_entry_trace", "tds_ENTER", "tds_EXIT", "tds_TRACE"}
+    for f in plan.families:
+        if f.on_sms:
+            names.update(f"tds_{role}_{f.name}" for role in ("RUN", "START", "PROGRAMS"))
+            names.update(s.name for s in f.runs_on.free_symbols)
+    if plan.distributed:
+        names.update({"tds_barrier", "tds_barrier_peers", "rank", "tds_diag", "tds_max_spins"})
+        names.update({"tds_barrier_shmem", "nodes", "local_world"} if plan.spans_nodes else {"world"})
+    return names
+
 
 def signal_dtype(family) -> str:
     """NVSHMEM writes 64-bit signals (a put's, or a signal from another node); other slots are 32-bit

@@ -30,7 +30,7 @@ def _environment() -> jinja2.Environment:
                              keep_trailing_newline=True)
     # repr() quotes every user-derived string, so a path or message can never become code
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
-                       dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
+                       assignment=assignment, dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
                        wait_call=wait_call, tuple_of=tuple_of, params_of=params_of)
@@ -229,7 +229,8 @@ def operand(value) -> str:
             number = float(value.value)
             return f'float("{number}")' if number in (float("inf"), float("-inf")) else repr(number)
         if value.integer:
-            return f"({kernel_code(value.value)})"
+            text = kernel_code(value.value)
+            return text if re.fullmatch(r"\w+", text) else f"({text})"  # `0`, `P`: bracketed, an expression
         return f"({kernel_code(value.value)}).to(tl.float32)"
     return value
 
@@ -252,6 +253,29 @@ def apply(statement: body.Apply) -> str:
     args += list(function.defaults[len(args) - function.arity[1]:]) if len(args) < function.arity[1] else []
     row = kernel_code(statement.row) if statement.row is not None else None
     return function.triton.format(*args, row=row)
+
+
+def assignment(statement: body.Apply | body.Assign) -> str:
+    """`name = value` as a person writes it: without the brackets an operator's value has for nesting,
+    and `acc += x` where the value adds to the name itself."""
+    if isinstance(statement, body.Assign):
+        return f"{statement.name} = {unbracketed(operand(statement.value))}"
+    function = FUNCTIONS[statement.function]
+    if function.name == "add" and statement.args[0] == statement.name:
+        return f"{statement.name} += {unbracketed(operand(statement.args[1]))}"
+    return f"{statement.name} = {unbracketed(apply(statement))}"
+
+
+def unbracketed(text: str) -> str:
+    """`text` less one pair of brackets around all of it (`(a + b)`, not `(a) + (b)`)."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for n, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and n < len(text) - 1:
+            return text
+    return text[1:-1]
 
 
 def cast(dtype: str) -> str:

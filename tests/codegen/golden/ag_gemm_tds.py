@@ -46,10 +46,10 @@ def tds_tile_mm(tds_program, tds_programs, C, tds_sig_gather, tds_order_mm, tds_
 # replayed from a CUDA graph. Specialising on the rank or the spin bound (value 1, divisible by 16)
 # would give each rank its own compile.
 @triton.jit(do_not_specialize=["rank", "tds_max_spins"])
-def tds_kernel(A, tds_peers_A, B, C, A_all, tds_sig_gather, tds_order_mm, tds_desc_mm_a, tds_desc_mm_b,
-               tds_desc_mm_c, M, K, N, rank, world, tds_epoch_cell, tds_diag, tds_max_spins, tds_barrier,
-               tds_barrier_peers, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, tds_trace_mm,
-               tds_entry_trace, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
+def tds_kernel(C, tds_sig_gather, tds_order_mm, tds_desc_mm_a, tds_desc_mm_b, tds_desc_mm_c, M, K, N, rank,
+               world, tds_epoch_cell, tds_diag, tds_max_spins, tds_barrier, tds_barrier_peers,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, tds_trace_mm, tds_entry_trace,
+               tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
                tds_RUN_mm: tl.constexpr, tds_START_mm: tl.constexpr, tds_PROGRAMS_mm: tl.constexpr):
     """Roles by program id: each family runs on programs START .. START+PROGRAMS-1; families that
     share programs run one after another in the family sequence, so no program ever waits on work
@@ -98,11 +98,7 @@ def tds_kernel(A, tds_peers_A, B, C, A_all, tds_sig_gather, tds_order_mm, tds_de
 # The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
 # replay all follow this list.
 tds_ARGS = (
-    tds_launch.Arg('A', 'tensor', of='A', dtype='bfloat16'),
-    tds_launch.Arg('tds_peers_A', 'peers', of='A', dtype='int64'),
-    tds_launch.Arg('B', 'tensor', of='B', dtype='bfloat16'),
     tds_launch.Arg('C', 'tensor', of='C', dtype='bfloat16'),
-    tds_launch.Arg('A_all', 'tensor', of='A_all', dtype='bfloat16'),
     tds_launch.Arg('tds_sig_gather', 'signals', of='gather', dtype='int32'),
     tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
     tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A_all', dtype='bfloat16', block=(128, 64)),
@@ -159,11 +155,11 @@ def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
     tds_found = {}
     tds_value = tds_shapes['A'][0]
-    tds_found['M'] = M = tds_value * world
+    tds_found['M'] = tds_value * world
     tds_value = tds_shapes['A'][1]
-    tds_found['K'] = K = tds_value
+    tds_found['K'] = tds_value
     tds_value = tds_shapes['B'][1]
-    tds_found['N'] = N = tds_value
+    tds_found['N'] = tds_value
     return tds_found
 
 

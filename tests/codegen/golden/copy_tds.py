@@ -29,13 +29,11 @@ def tds_tile_cp(tds_program, tds_programs, X, Y, N, BLOCK: tl.constexpr, tds_tra
 
 
 # The epoch is read from a device cell, so the arguments are the same at every call and a call can be
-# replayed from a CUDA graph. Specialising on the rank or the spin bound (value 1, divisible by 16)
-# would give each rank its own compile.
-@triton.jit(do_not_specialize=["rank", "tds_max_spins"])
-def tds_kernel(X, Y, N, rank, world, tds_epoch_cell, tds_diag, tds_max_spins, BLOCK: tl.constexpr,
-               tds_trace_cp, tds_entry_trace, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr,
-               tds_TRACE: tl.constexpr, tds_RUN_cp: tl.constexpr, tds_START_cp: tl.constexpr,
-               tds_PROGRAMS_cp: tl.constexpr):
+# replayed from a CUDA graph.
+@triton.jit
+def tds_kernel(X, Y, N, tds_epoch_cell, BLOCK: tl.constexpr, tds_trace_cp, tds_entry_trace,
+               tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
+               tds_RUN_cp: tl.constexpr, tds_START_cp: tl.constexpr, tds_PROGRAMS_cp: tl.constexpr):
     """Roles by program id: each family runs on programs START .. START+PROGRAMS-1; families that
     share programs run one after another in the family sequence, so no program ever waits on work
     that only it could do later.
@@ -71,11 +69,7 @@ tds_ARGS = (
     tds_launch.Arg('X', 'tensor', of='X', dtype='bfloat16'),
     tds_launch.Arg('Y', 'tensor', of='Y', dtype='bfloat16'),
     tds_launch.Arg('N', 'size'),
-    tds_launch.Arg('rank', 'size'),
-    tds_launch.Arg('world', 'size'),
     tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
-    tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
-    tds_launch.Arg('tds_max_spins', 'max_spins'),
     tds_launch.Arg('BLOCK', 'const'),
     tds_launch.Arg('tds_trace_cp', 'trace', of='cp', dtype='int64'),
     tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
@@ -108,7 +102,7 @@ def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
     tds_found = {}
     tds_value = tds_shapes['X'][0]
-    tds_found['N'] = N = tds_value
+    tds_found['N'] = tds_value
     return tds_found
 
 

@@ -73,13 +73,13 @@ def tds_tile_red(tds_program, tds_programs, C, P, tds_sig_send, M, N, rank, worl
 # replayed from a CUDA graph. Specialising on the rank or the spin bound (value 1, divisible by 16)
 # would give each rank its own compile.
 @triton.jit(do_not_specialize=["rank", "tds_max_spins"])
-def tds_kernel(A, B, C, W, P, tds_peers_P, tds_sig_send, tds_sigpeers_send, tds_order_mm, tds_count_mm,
-               tds_desc_mm_a, tds_desc_mm_b, tds_desc_mm_c, M, K, N, rank, world, tds_epoch_cell, tds_diag,
-               tds_max_spins, tds_barrier, tds_barrier_peers, BM: tl.constexpr, BN: tl.constexpr,
-               BR: tl.constexpr, BK: tl.constexpr, tds_trace_mm, tds_trace_red, tds_entry_trace,
-               tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
-               tds_RUN_mm: tl.constexpr, tds_START_mm: tl.constexpr, tds_PROGRAMS_mm: tl.constexpr,
-               tds_RUN_red: tl.constexpr, tds_START_red: tl.constexpr, tds_PROGRAMS_red: tl.constexpr):
+def tds_kernel(C, W, P, tds_sig_send, tds_order_mm, tds_count_mm, tds_desc_mm_a, tds_desc_mm_b, tds_desc_mm_c,
+               M, K, N, rank, world, tds_epoch_cell, tds_diag, tds_max_spins, tds_barrier, tds_barrier_peers,
+               BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, tds_trace_mm,
+               tds_trace_red, tds_entry_trace, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr,
+               tds_TRACE: tl.constexpr, tds_RUN_mm: tl.constexpr, tds_START_mm: tl.constexpr,
+               tds_PROGRAMS_mm: tl.constexpr, tds_RUN_red: tl.constexpr, tds_START_red: tl.constexpr,
+               tds_PROGRAMS_red: tl.constexpr):
     """Roles by program id: each family runs on programs START .. START+PROGRAMS-1; families that
     share programs run one after another in the family sequence, so no program ever waits on work
     that only it could do later.
@@ -130,14 +130,10 @@ def tds_kernel(A, B, C, W, P, tds_peers_P, tds_sig_send, tds_sigpeers_send, tds_
 # The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
 # replay all follow this list.
 tds_ARGS = (
-    tds_launch.Arg('A', 'tensor', of='A', dtype='bfloat16'),
-    tds_launch.Arg('B', 'tensor', of='B', dtype='bfloat16'),
     tds_launch.Arg('C', 'tensor', of='C', dtype='bfloat16'),
     tds_launch.Arg('W', 'tensor', of='W', dtype='bfloat16'),
     tds_launch.Arg('P', 'tensor', of='P', dtype='bfloat16'),
-    tds_launch.Arg('tds_peers_P', 'peers', of='P', dtype='int64'),
     tds_launch.Arg('tds_sig_send', 'signals', of='send', dtype='int32'),
-    tds_launch.Arg('tds_sigpeers_send', 'signal_peers', of='send', dtype='int64'),
     tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
     tds_launch.Arg('tds_count_mm', 'count', of='mm', dtype='int32'),
     tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A', dtype='bfloat16', block=(128, 64)),
@@ -204,11 +200,11 @@ def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
     tds_found = {}
     tds_value = tds_shapes['A'][0]
-    tds_found['M'] = M = tds_value
+    tds_found['M'] = tds_value
     tds_value = tds_shapes['A'][1]
-    tds_found['K'] = K = tds_value
+    tds_found['K'] = tds_value
     tds_value = tds_shapes['B'][1]
-    tds_found['N'] = N = tds_value
+    tds_found['N'] = tds_value
     return tds_found
 
 

@@ -43,7 +43,7 @@ def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
     tds_found = {}
     tds_value = tds_shapes['X'][0]
-    tds_found['N'] = N = tds_value
+    tds_found['N'] = tds_value
     return tds_found
 
 

@@ -138,15 +138,15 @@ def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
     tds_found = {}
     tds_value = tds_shapes['X'][0]
-    tds_found['T'] = T = tds_value
+    tds_found['T'] = tds_value
     tds_value = tds_shapes['X'][1]
-    tds_found['H'] = H = tds_value
+    tds_found['H'] = tds_value
     tds_value = tds_shapes['ids'][1]
-    tds_found['K'] = K = tds_value
+    tds_found['K'] = tds_value
     tds_value = tds_shapes['recv'][0]
-    tds_found['E'] = E = tds_value
+    tds_found['E'] = tds_value
     tds_value = tds_shapes['recv'][2]
-    tds_found['C'] = C = tds_value
+    tds_found['C'] = tds_value
     return tds_found
 
 
