@@ -213,7 +213,7 @@ def test_a_carried_scalar_that_starts_as_an_integer_compiles_as_the_float_it_bec
     # `d * 0.5 + 1.0` was int32 re-assigned fp32 and only the GPU's compile refused it (emulation runs
     # Python); the start is now a float32 0-d block
     module = build_module(CARRIED_FROM_AN_INTEGER)
-    assert "d = tl.zeros([], tl.float32) + d" in Path(module.__file__).read_text()
+    assert "d = tl.zeros([], tl.float32)\n" in Path(module.__file__).read_text()
     assert report(module, "sm_90").spill_bytes == 0
 
 
