@@ -4,8 +4,8 @@ generation, so a parser or schedule mistake would show in both and agree with it
 
 Every program runs at worlds 2 and 3, most at 4 too (CASES), all of one world in one set of rank
 processes. Each case calls its program twice on the same tensors, refilled with fresh random
-inputs and NaN outputs before each call, and both calls are checked. Sizes are ragged where the launch conditions allow: no tile
-divides them, so last tiles are cut short."""
+inputs and NaN outputs before each call, and both calls are checked. Sizes are ragged where the
+launch conditions allow: no tile divides them, so last tiles are cut short."""
 from __future__ import annotations
 
 import dataclasses
