@@ -217,34 +217,9 @@ def test_a_carried_scalar_that_starts_as_an_integer_compiles_as_the_float_it_bec
     assert report(module, "sm_90").spill_bytes == 0
 
 
-GPU_ONLY_REFUSALS = """\
-program gpu_only_refusals
-param N, P
-const BK = 8, BM = 16
-in A8 : fp8[16, 8]
-in B8 : fp8[8, 16]
-in S : bf16[16, 16]
-in R : bf16[16, N]
-in I : i64[16, P]
-in J : i8[16, P]
-in F : f32[16, P]
-out C8 : f32[16, 16]
-out H : f32[16, N]
-out U : f32[16, P]
-out V : f32[16, P]
-tile fp8k[i in 1]:
-    c = 0.0
-    for k in 1:
-        c = c + A8[:, k*8 : +8] @ B8[k*8 : +8, :]
-    C8[:, :] = c
-tile bk[j in cdiv(N, BM)]: H[:, j*BM : +BM] = S[:, :] @ R[:, j*BM : +BM]
-tile carried[j in cdiv(P, BM)]:
-    u = I[:, j*BM : +BM]
-    for c in 2:
-        u = u * 0.5 + 1.0
-    U[:, j*BM : +BM] = u
-tile divide[j in cdiv(P, BM)]: V[:, j*BM : +BM] = J[:, j*BM : +BM] / (abs(F[:, j*BM : +BM]) + 1.0) + exp(J[:, j*BM : +BM])
-"""
+# read by tests/schedule/test_bodies.py too, which runs it on emulated ranks
+GPU_ONLY_REFUSALS = (Path(__file__).resolve().parents[1] / "schedule" / "reproducers"
+                     / "gpu_only_refusals.tds").read_text()
 
 
 def test_what_only_the_sm_90_compile_refused_in_generated_bodies_compiles():

@@ -29,6 +29,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -234,34 +235,8 @@ tile red[i in cdiv(N, 4)]:
         e = max(e, U[c, i*4 : +4])
     W[i*4 : +4] = e + d
 """,
-    "gpu-only-refusals": """\
-program gpu_only_refusals
-param N, P
-const BK = 8, BM = 16
-in A8 : fp8[16, 8]
-in B8 : fp8[8, 16]
-in S : bf16[16, 16]
-in R : bf16[16, N]
-in I : i64[16, P]
-in J : i8[16, P]
-in F : f32[16, P]
-out C8 : f32[16, 16]
-out H : f32[16, N]
-out U : f32[16, P]
-out V : f32[16, P]
-tile fp8k[i in 1]:
-    c = 0.0
-    for k in 1:
-        c = c + A8[:, k*8 : +8] @ B8[k*8 : +8, :]
-    C8[:, :] = c
-tile bk[j in cdiv(N, BM)]: H[:, j*BM : +BM] = S[:, :] @ R[:, j*BM : +BM]
-tile carried[j in cdiv(P, BM)]:
-    u = I[:, j*BM : +BM]
-    for c in 2:
-        u = u * 0.5 + 1.0
-    U[:, j*BM : +BM] = u
-tile divide[j in cdiv(P, BM)]: V[:, j*BM : +BM] = J[:, j*BM : +BM] / (abs(F[:, j*BM : +BM]) + 1.0) + exp(J[:, j*BM : +BM])
-""",
+    # compiled for sm_90 by tests/codegen/test_aot.py
+    "gpu-only-refusals": (Path(__file__).parent / "reproducers" / "gpu_only_refusals.tds").read_text(),
     "f64-output": """\
 program f64
 param N
