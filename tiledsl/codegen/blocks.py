@@ -18,10 +18,9 @@ from tiledsl.codegen.names import value_name
 from tiledsl.runtime.specs import pow2_at_least
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import value_shape
-from tiledsl.tables import COMPARISONS, EIGHT_BIT, FLOAT_ONLY, FUNCTIONS, INTEGER_CLOSED
+from tiledsl.tables import COMPARISONS, FLOAT_ONLY, FUNCTIONS, INTEGER_CLOSED, smallest_dot_k
 
-MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
-MIN_BLOCK_8BIT = 32  # and K at least 32 where an operand has 8-bit elements (fp8, i8)
+MIN_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16 (K 32 for 8-bit ones)
 # fp32 elements of a tile's largest block that one warp holds: 64 registers a thread, which leaves
 # the rest of the 255 for the other blocks of a step. More, and ptxas spills (seen: a [128, 128]
 # accumulator on 4 warps, 255 registers and a 512-byte stack).
@@ -73,8 +72,8 @@ class _Block:
             {s.var.name for s in _all_loops(family.body)}
         self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time blocks: name, the size it covers
         # generated bodies, seed 172 (an fp8 product of K = 8): only the sm_90 compile refused a 16-wide K
-        self.min_block = MIN_BLOCK_8BIT if any(schedule.tensors[t].dtype in EIGHT_BIT
-                                               for t in _product_operand_tensors(family)) else MIN_BLOCK
+        self.min_block = max(MIN_BLOCK, smallest_dot_k(schedule.tensors[t].dtype
+                                                       for t in _product_operand_tensors(family)))
         self.block_of: dict = {}
         self.aranges: dict[tuple, str] = {}
         self.head: list = []                            # the aranges, first in the body

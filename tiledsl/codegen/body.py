@@ -17,7 +17,7 @@ from tiledsl.codegen.names import value_name
 # the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
 from tiledsl.runtime.specs import pipeline_stages, pow2_at_least
 from tiledsl.schedule import ir
-from tiledsl.tables import DTYPES, EIGHT_BIT, FUNCTIONS
+from tiledsl.tables import DTYPES, FUNCTIONS, smallest_dot_k
 
 BLOCK_1D = 8192          # elements per step of a 1-D chunk copy
 FP8 = "float8_e4m3fn"
@@ -660,10 +660,9 @@ class _Tile:
         if not isinstance(block_m, int) or not isinstance(block_n, int):
             raise LoweringError(f"tile '{self.family.name}': a product's block must be a const size (TMA)",
                                 hint="give the target's ranges const sizes (`const BM = 128` and `+BM`)")
-        # the K step: the program's BK, but never below what tl.dot takes on a GPU (16, 32 for 8-bit
-        # operands; generated bodies, seed 105: a `const BK = 8` of another tile, refused only by the sm_90
-        # compile)
-        smallest = 32 if any(self.schedule.tensors[r.tensor].dtype in EIGHT_BIT for r in (left, right)) else 16
+        # the K step: the program's BK, but never below what tl.dot takes on a GPU (seed 105: a
+        # `const BK = 8` of another tile)
+        smallest = smallest_dot_k(self.schedule.tensors[r.tensor].dtype for r in (left, right))
         block_k = 64 if "BK" not in self.consts else "BK" if int(self.consts["BK"]) >= smallest else smallest
         name = self.fresh("acc")
         self.product = Product(name, self.family.name, left.tensor, right.tensor, self.k(left.dims[-2].start),
