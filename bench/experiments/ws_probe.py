@@ -1,0 +1,172 @@
+"""Why the causal warp-specialized attention tile is wrong on the GPU (issue 26; 2026-12-03 the
+`masked_ws` builds of attention_causal_masked.tds were wrong on 0.4-0.7% of elements, the same program
+without warp specialization right, the full-attention `ws` builds right).
+
+One process on one GPU: each variant of bench/experiments/attention_causal_masked.tds below (its text
+changed by one thing, or its build options) runs on fresh random bf16 inputs, B = 2, 32/8 heads, D = 128,
+S tokens (default 4096), output poisoned with NaN, against torch's float32 attention. For a wrong one it
+prints where: how many (b, h, row block) tiles hold a wrong element, the wrong rows by their offset in
+the 128-row block (16 a bucket: the two consumer warp groups hold rows 0-63 and 64-127), the first
+blocks hit, and whether a second call gives the same bits (a race does not). Every variant is also timed
+(median of CUDA events, wrong ones too, marked), beside attention_causal.tds at BN = 128 on 3 stages
+(the fastest right causal build) and cuDNN (`sdpa_kernel([CUDNN_ATTENTION])`, is_causal=True).
+
+    python3 bench/experiments/ws_probe.py            # on a GPU; WS_VARIANTS=a,b picks, TOKENS=S
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+SOURCE = (HERE / "attention_causal_masked.tds").read_text()
+WS = {"WS": 1, "TMA": 2, "WARPS": 4, "STAGES": 2}
+LOOP = "    for c in min(cdiv(S, BN), cdiv((i + 1)*BM, BN)):     # key blocks to the diagonal"
+MASK = "        s = where(c*BN + cols(BN) <= i*BM + rows(BM), s, -inf)"
+assert LOOP in SOURCE and MASK in SOURCE and "order attn by -i" in SOURCE
+
+
+def text(**changes):
+    out = SOURCE
+    for old, new in changes.values():
+        assert old in out, old
+        out = out.replace(old, new)
+    return out
+
+
+# label -> (program text, build options)
+VARIANTS = {
+    "masked": (SOURCE, {}),                                         # right on 2026-12-03
+    "masked_tma2": (SOURCE, {"TMA": 2}),                            # device descriptors, no WS
+    "ws": (SOURCE, WS),                                             # wrong on 2026-12-03
+    "ws_alltrips": (text(loop=(LOOP, "    for c in cdiv(S, BN):")), WS),   # trip count not the tile's
+    "ws_noorder": (text(order=("order attn by -i", "")), WS),      # instances in their natural order
+    "ws_3stages": (SOURCE, dict(WS, STAGES=3)),
+    "ws_BN128": (SOURCE, dict(WS, BN=128)),
+    "ws_nomask": (text(mask=(MASK, "")), WS),                       # its reference: keys to (i+1)*BM
+    "split_BN128_3stages": ((HERE / "attention_causal.tds").read_text(), {"BN": 128}),
+}
+B, H, HKV, D = 2, 32, 8, 128
+S = int(os.environ.get("TOKENS", "4096"))
+BM = 128
+
+
+def build(job):
+    label, (source, consts) = job
+    import tiledsl
+    try:
+        torch.cuda.set_device(0)
+        program = tiledsl.compile(source, **consts)
+        q = torch.randn(B, 256, H, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B, 256, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        program(q, k, v, torch.empty_like(q))
+        torch.cuda.synchronize()
+        return label, None
+    except Exception as error:  # noqa: BLE001 - reported by the timed process again
+        return label, f"{type(error).__name__}: {str(error)[:300]}"
+
+
+def reference(q, k, v, nomask: bool):
+    qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))
+    kh, vh = (t.repeat_interleave(H // HKV, dim=1) for t in (kh, vh))
+    if not nomask:
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(1, 2)
+    # without the mask each row block sees every key up to the end of its diagonal block
+    rows = torch.arange(S, device="cuda")
+    allowed = (rows[None, :] < ((rows[:, None] // BM) + 1) * BM)
+    return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed).transpose(1, 2)
+
+
+def median_ms(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def where_wrong(got, want):
+    bad = (got.float() - want).abs() > 0.02 * want.abs() + 0.02 * want.abs().max().item()  # bench's rule
+    n = int(bad.sum())
+    if not n:
+        return n, ""
+    idx = bad.nonzero()                           # [n, 4]: b, s, h, d
+    b, s, h = idx[:, 0], idx[:, 1], idx[:, 2]
+    tiles = torch.unique(b * H * (S // BM) + h * (S // BM) + s // BM)
+    offsets = torch.bincount((s % BM) // 16, minlength=BM // 16).tolist()
+    blocks = torch.bincount(s // BM, minlength=S // BM)
+    rows_bad = torch.unique(b * S * H + s * H + h).numel()
+    first = [int(x) for x in torch.nonzero(blocks).flatten()[:8]]
+    worst = (got.float() - want).abs().max().item()
+    return n, (f"{n} wrong ({100 * n / got.numel():.3f}%), worst |err| {worst:.3f}; {rows_bad} rows of "
+               f"{tiles.numel()} of {B * H * (S // BM)} tiles; by offset in the block (16 rows a bucket) "
+               f"{offsets}; row blocks hit (first) {first}, per block {blocks[blocks > 0][:8].tolist()}")
+
+
+def main():
+    chosen = [x for x in os.environ.get("WS_VARIANTS", ",".join(VARIANTS)).split(",") if x in VARIANTS]
+    began = time.monotonic()
+    import multiprocessing
+    with ProcessPoolExecutor(max_workers=min(8, len(chosen)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        built = dict(pool.map(build, [(x, VARIANTS[x]) for x in chosen]))
+    print(f"built {len(chosen)} variants in {time.monotonic() - began:.0f} s", flush=True)
+    import tiledsl
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, S, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    wants = {False: reference(q, k, v, False), True: None}
+    views = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        cudnn = median_ms(lambda: F.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True))
+    print(f"cuDNN causal S={S}: {cudnn:.3f} ms", flush=True)
+    rows = []
+    for label in chosen:
+        if built.get(label):
+            print(f"{label}: build failed: {built[label]}", flush=True)
+            rows.append((label, "build failed", float("nan")))
+            continue
+        source, consts = VARIANTS[label]
+        nomask = label == "ws_nomask"
+        if nomask and wants[True] is None:
+            wants[True] = reference(q, k, v, True)
+        want = wants[nomask]
+        program = tiledsl.compile(source, **consts)
+        out = torch.full_like(q, float("nan"))
+        program(q, k, v, out)
+        torch.cuda.synchronize()
+        first = out.clone()
+        n, where = where_wrong(out, want)
+        out.fill_(float("nan"))
+        program(q, k, v, out)
+        torch.cuda.synchronize()
+        same = torch.equal(first.view(torch.int16), out.view(torch.int16))
+        n2, _ = where_wrong(out, want)
+        t = median_ms(lambda: program(q, k, v, out))
+        verdict = "right" if n == 0 and n2 == 0 else f"WRONG ({n}, then {n2}; {'same bits' if same else 'bits differ: a race'})"
+        print(f"{label}: {t:.3f} ms ({cudnn / t:.2f}x of cuDNN) {verdict}" + (f"\n    {where}" if where else ""),
+              flush=True)
+        rows.append((label, verdict.split(" (")[0], t))
+        program.release()
+        del program
+    print(f"\n| variant | ms | of cuDNN ({cudnn:.3f} ms) | verdict |\n|---|---|---|---|")
+    for label, verdict, t in rows:
+        print(f"| {label} | {t:.3f} | {cudnn / t:.2f}x | {verdict} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
