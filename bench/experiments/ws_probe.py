@@ -41,29 +41,66 @@ def text(**changes):
     return out
 
 
-# label -> (program text, build options)
+# the row and column indices made inside the loop instead of once at the kernel's top (the generated
+# module edited: the code generator hoists every `rows(..)`/`cols(..)` to the top)
+INSIDE = [(r"tds_add = \(c \* BN\) \+ tds_c(\d+)", r"tds_add = (c * BN) + tl.arange(0, \1)[None, :]"),
+          (r"tds_add2 = \(i \* BM\) \+ tds_r(\d+)", r"tds_add2 = (i * BM) + tl.arange(0, \1)[:, None]")]
+FINITE = (MASK, "        s = where(c*BN + cols(BN) <= i*BM + rows(BM), s, -1.0e6)")
+BIAS = (MASK, "        s = s + where(c*BN + cols(BN) <= i*BM + rows(BM), 0.0, -1.0e6)")
+
+# label -> (program text, build options[, edits of the generated module: (regex, replacement)])
 VARIANTS = {
     "masked": (SOURCE, {}),                                         # right on 2026-12-03
-    "masked_tma2": (SOURCE, {"TMA": 2}),                            # device descriptors, no WS
     "ws": (SOURCE, WS),                                             # wrong on 2026-12-03
+    "ws_finite": (text(mask=FINITE), WS),                           # masked to -1e6, not -inf
+    "ws_bias": (text(mask=BIAS), WS),                               # an additive mask (Triton's tutorial)
+    "ws_inside": (SOURCE, WS, INSIDE),
+    "ws_bias_inside": (text(mask=BIAS), WS, INSIDE),
+    "ws_BN128": (SOURCE, dict(WS, BN=128)),
+    "ws_BN128_bias": (text(mask=BIAS), dict(WS, BN=128)),
+    "ws_BN128_inside": (SOURCE, dict(WS, BN=128), INSIDE),
+    "ws_BN128_bias_inside": (text(mask=BIAS), dict(WS, BN=128), INSIDE),
+    "ws_nomask": (text(mask=(MASK, "")), WS),                       # its reference: keys to (i+1)*BM
+    "split_BN128_3stages": ((HERE / "attention_causal.tds").read_text(), {"BN": 128}),
+    # run on 2026-12-03 (session 19, call 1): masked_tma2 right, ws_alltrips / ws_noorder / ws_3stages wrong
+    "masked_tma2": (SOURCE, {"TMA": 2}),
     "ws_alltrips": (text(loop=(LOOP, "    for c in cdiv(S, BN):")), WS),   # trip count not the tile's
     "ws_noorder": (text(order=("order attn by -i", "")), WS),      # instances in their natural order
     "ws_3stages": (SOURCE, dict(WS, STAGES=3)),
-    "ws_BN128": (SOURCE, dict(WS, BN=128)),
-    "ws_nomask": (text(mask=(MASK, "")), WS),                       # its reference: keys to (i+1)*BM
-    "split_BN128_3stages": ((HERE / "attention_causal.tds").read_text(), {"BN": 128}),
 }
+DEFAULT = ("masked", "ws", "ws_finite", "ws_bias", "ws_inside", "ws_bias_inside", "ws_BN128", "ws_BN128_bias",
+           "ws_BN128_inside", "ws_BN128_bias_inside", "ws_nomask", "split_BN128_3stages")
+
+
+def compiled(variant):
+    """The program of a variant, bound to this process (its generated module edited where it says)."""
+    import re
+
+    import tiledsl
+    from tiledsl import pipeline
+    from tiledsl.api import cache_dir, load_built
+    source, consts, *edits = variant
+    if not edits:
+        return tiledsl.compile(source, **consts)
+    module = pipeline.run(source, until="module", consts=consts).module
+    for pattern, replacement in edits[0]:
+        module, n = re.subn(pattern, replacement, module)
+        assert n, pattern
+    path = cache_dir() / f"tds_ws_probe_{abs(hash(module)) % 10**12}.py"
+    path.write_text(module)
+    return load_built(path).tds_load()
+
+
 B, H, HKV, D = 2, 32, 8, 128
 S = int(os.environ.get("TOKENS", "4096"))
 BM = 128
 
 
 def build(job):
-    label, (source, consts) = job
-    import tiledsl
+    label, variant = job
     try:
         torch.cuda.set_device(0)
-        program = tiledsl.compile(source, **consts)
+        program = compiled(variant)
         q = torch.randn(B, 256, H, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(B, 256, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         program(q, k, v, torch.empty_like(q))
@@ -117,13 +154,12 @@ def where_wrong(got, want):
 
 
 def main():
-    chosen = [x for x in os.environ.get("WS_VARIANTS", ",".join(VARIANTS)).split(",") if x in VARIANTS]
+    chosen = [x for x in os.environ.get("WS_VARIANTS", ",".join(DEFAULT)).split(",") if x in VARIANTS]
     began = time.monotonic()
     import multiprocessing
     with ProcessPoolExecutor(max_workers=min(8, len(chosen)), mp_context=multiprocessing.get_context("spawn")) as pool:
         built = dict(pool.map(build, [(x, VARIANTS[x]) for x in chosen]))
     print(f"built {len(chosen)} variants in {time.monotonic() - began:.0f} s", flush=True)
-    import tiledsl
     from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.manual_seed(0)
     q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
@@ -139,12 +175,11 @@ def main():
             print(f"{label}: build failed: {built[label]}", flush=True)
             rows.append((label, "build failed", float("nan")))
             continue
-        source, consts = VARIANTS[label]
         nomask = label == "ws_nomask"
         if nomask and wants[True] is None:
             wants[True] = reference(q, k, v, True)
         want = wants[nomask]
-        program = tiledsl.compile(source, **consts)
+        program = compiled(VARIANTS[label])
         out = torch.full_like(q, float("nan"))
         program(q, k, v, out)
         torch.cuda.synchronize()
