@@ -161,14 +161,21 @@ def sp_check(dtype, rank, world, **extra):
             every_k, every_v = ([torch.empty_like(t) for _ in range(world)] for t in (k, v))
             host.all_gather(every_k, k), host.all_gather(every_v, v)
             order = sorted((s + z * (2 * world - 1 - 2 * s), s, z) for s in range(world) for z in range(2))
-            keys, values = (torch.cat([every[s][:, z] for _, s, z in order], dim=1).double()
-                            .repeat_interleave(H // HKV, dim=2).transpose(1, 2) for every in (every_k, every_v))
+            keys, values = (torch.cat([every[s][:, z] for _, s, z in order], dim=1).double().transpose(1, 2)
+                            for every in (every_k, every_v))        # [B, HKV, every token, D]
             want = torch.empty(q.shape, dtype=torch.float64, device=harness.DEVICE)
+            G = H // HKV
             for z in range(2):
                 piece = rank + z * (2 * world - 1 - 2 * rank)
                 allowed = torch.ones(P, 2 * world * P, dtype=torch.bool, device=harness.DEVICE).tril(piece * P)
-                want[:, z] = F.scaled_dot_product_attention(q[:, z].transpose(1, 2).double(), keys, values,
-                                                            attn_mask=allowed).transpose(1, 2)
+                # one KV head's G query heads at a time: the float64 scores of every head at once are
+                # [B, H, P, 2 world P], 8 GB a rank at world 8, and 8 ranks sharing one GPU ran out of
+                # memory there (NVSHMEM's heap could not grow: a hang, 2026-12-03)
+                for g in range(HKV):
+                    heads = slice(g * G, (g + 1) * G)
+                    kh, vh = (t[:, g:g + 1].expand(-1, G, -1, -1) for t in (keys, values))
+                    want[:, z, :, heads] = F.scaled_dot_product_attention(
+                        q[:, z, :, heads].transpose(1, 2).double(), kh, vh, attn_mask=allowed).transpose(1, 2)
             close(ops.sp_attention(q, k, v, **extra), want, TOLERANCE[dtype])
         ops.check()
     return run
