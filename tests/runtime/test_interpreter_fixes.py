@@ -32,3 +32,29 @@ def test_a_block_mask_and_a_scalar_condition_mask_a_load_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", LOOKUP], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+PRODUCT = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+    from tiledsl.runtime import interpreter_fixes
+    interpreter_fixes.install()
+
+    @triton.jit
+    def product(X, Y, O, N: tl.constexpr):
+        at = tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :]
+        tl.store(O + at, tl.dot(tl.load(X + at), tl.load(Y + at)))
+
+    for dtype in (torch.bfloat16, torch.float16):
+        x, y = torch.randn(32, 32).to(dtype), torch.randn(32, 32).to(dtype)
+        out = torch.full((32, 32), float("nan"))
+        product[(1,)](x, y, out, 32)
+        want = x.double() @ y.double()   # the products of the 16-bit values are exact in float32
+        assert (out.double() - want).abs().max() < 1e-4, (dtype, (out.double() - want).abs().max())
+""")
+
+
+def test_a_product_of_bfloat16_blocks_multiplies_their_values_in_the_interpreter():
+    """triton-lang/triton#11584: without the fix the interpreter multiplies bfloat16 bit patterns."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", PRODUCT], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

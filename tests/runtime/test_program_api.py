@@ -71,3 +71,14 @@ def _rank_unaligned(heap):
 def test_rows_a_tma_descriptor_cannot_read_are_refused_by_name():
     message, = run_ranks(_rank_unaligned, 1, timeout_s=120)
     assert "tensor 'B'" in message and "multiple of 16 bytes" in message and "multiple of 4" in message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of a machine without a GPU")
+def test_a_program_loaded_for_a_gpu_on_a_machine_without_one_says_how_to_emulate_it():
+    """Not torch's "Torch not compiled with CUDA enabled" from inside the launcher."""
+    import tiledsl
+    from tiledsl.runtime.launch import LaunchError
+    program = tiledsl.compile(GEMM, emulated=False)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with pytest.raises(LaunchError, match="no GPU here.*TRITON_INTERPRET=1"):
+        program(a, b, torch.empty(64, 64))

@@ -77,6 +77,9 @@ class Program(Issuing):
                  num_stages: int | None = None, **consts):
         self.module = module
         self.emulated = sync.EMULATED if emulated is None else emulated
+        if self.emulated:  # a program emulated in this process, not only in emulated ranks
+            from tiledsl.runtime import interpreter_fixes
+            interpreter_fixes.install()
         if self.emulated and not sync.EMULATED:
             raise RuntimeError("emulation needs TRITON_INTERPRET=1 set before triton is imported")
         if consts:
@@ -154,7 +157,13 @@ class Program(Issuing):
     def device(self) -> torch.device:
         if self.heap is not None:
             return self.heap.device
-        return torch.device("cpu") if self.emulated else torch.device("cuda", torch.cuda.current_device())
+        if self.emulated:
+            return torch.device("cpu")
+        if not self._cuda:
+            raise LaunchError(f"{self.module.__name__}: no GPU here, and the program was loaded for one: set "
+                              "TRITON_INTERPRET=1 before importing tiledsl (or pass emulated=True) to run it in "
+                              "Triton's interpreter")
+        return torch.device("cuda", torch.cuda.current_device())
 
     # ---- buffers, signals and tables for one set of sizes ---------------------------------------
     def _resources_for(self, env: dict) -> Resources:
