@@ -48,6 +48,13 @@ INSIDE = [(r"tds_add = \(c \* BN\) \+ tds_c(\d+)", r"tds_add = (c * BN) + tl.ara
 FINITE = (MASK, "        s = where(c*BN + cols(BN) <= i*BM + rows(BM), s, -1.0e6)")
 BIAS = (MASK, "        s = s + where(c*BN + cols(BN) <= i*BM + rows(BM), 0.0, -1.0e6)")
 
+# the rows' indices loaded from a tensor (RI[r, :] = r) once a tile, not made by tl.arange: on 2026-12-03
+# only the second consumer warp group's rows (64-127 of a block) were wrong, most in the first row blocks,
+# as if its row indices started at 0 (Triton's data partition of the M dimension)
+RI_TEXT = {"in": ("out  O : bf16[B, S, H, D]", "in   RI : i32[S, 4]\nout  O : bf16[B, S, H, D]"),
+           "ri": ("    q = Q[b, i*BM : +BM, h, :]\n", "    q = Q[b, i*BM : +BM, h, :]\n    ri = rowmax(RI[i*BM : +BM, :])\n"),
+           "mask": ("<= i*BM + rows(BM)", "<= ri")}
+
 # label -> (program text, build options[, edits of the generated module: (regex, replacement)])
 VARIANTS = {
     "masked": (SOURCE, {}),                                         # right on 2026-12-03
@@ -60,6 +67,9 @@ VARIANTS = {
     "ws_BN128_bias": (text(mask=BIAS), dict(WS, BN=128)),
     "ws_BN128_inside": (SOURCE, dict(WS, BN=128), INSIDE),
     "ws_BN128_bias_inside": (text(mask=BIAS), dict(WS, BN=128), INSIDE),
+    "ws_ri": (text(**RI_TEXT), WS),
+    "ws_BN128_ri": (text(**RI_TEXT), dict(WS, BN=128)),
+    "ws_BM64": (SOURCE, dict(WS, BM=64)),                           # one consumer group: no M partition
     "ws_nomask": (text(mask=(MASK, "")), WS),                       # its reference: keys to (i+1)*BM
     "split_BN128_3stages": ((HERE / "attention_causal.tds").read_text(), {"BN": 128}),
     # run on 2026-12-03 (session 19, call 1): masked_tma2 right, ws_alltrips / ws_noorder / ws_3stages wrong
@@ -68,8 +78,9 @@ VARIANTS = {
     "ws_noorder": (text(order=("order attn by -i", "")), WS),      # instances in their natural order
     "ws_3stages": (SOURCE, dict(WS, STAGES=3)),
 }
-DEFAULT = ("masked", "ws", "ws_finite", "ws_bias", "ws_inside", "ws_bias_inside", "ws_BN128", "ws_BN128_bias",
-           "ws_BN128_inside", "ws_BN128_bias_inside", "ws_nomask", "split_BN128_3stages")
+# run on 2026-12-03 (call 2): ws_finite, ws_bias, ws_inside, ws_bias_inside and their BN128 builds wrong, the
+# same elements as ws
+DEFAULT = ("masked", "ws", "ws_BN128", "ws_ri", "ws_BN128_ri", "ws_BM64", "split_BN128_3stages")
 
 
 def compiled(variant):
@@ -103,11 +114,19 @@ def build(job):
         program = compiled(variant)
         q = torch.randn(B, 256, H, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(B, 256, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        program(q, k, v, torch.empty_like(q))
+        program(*args(variant[0], q, k, v, torch.empty_like(q)))
         torch.cuda.synchronize()
         return label, None
     except Exception as error:  # noqa: BLE001 - reported by the timed process again
         return label, f"{type(error).__name__}: {str(error)[:300]}"
+
+
+def args(source, q, k, v, out):
+    """The program's tensors: the RI variants also take the rows' indices."""
+    if "in   RI" not in source:
+        return q, k, v, out
+    rows = torch.arange(q.shape[1], device=q.device, dtype=torch.int32)
+    return q, k, v, rows[:, None].expand(-1, 4).contiguous(), out
 
 
 def reference(q, k, v, nomask: bool):
@@ -181,16 +200,17 @@ def main():
         want = wants[nomask]
         program = compiled(VARIANTS[label])
         out = torch.full_like(q, float("nan"))
-        program(q, k, v, out)
+        tensors = args(VARIANTS[label][0], q, k, v, out)
+        program(*tensors)
         torch.cuda.synchronize()
         first = out.clone()
         n, where = where_wrong(out, want)
         out.fill_(float("nan"))
-        program(q, k, v, out)
+        program(*tensors)
         torch.cuda.synchronize()
         same = torch.equal(first.view(torch.int16), out.view(torch.int16))
         n2, _ = where_wrong(out, want)
-        t = median_ms(lambda: program(q, k, v, out))
+        t = median_ms(lambda: program(*tensors))
         verdict = "right" if n == 0 and n2 == 0 else f"WRONG ({n}, then {n2}; {'same bits' if same else 'bits differ: a race'})"
         print(f"{label}: {t:.3f} ms ({cudnn / t:.2f}x of cuDNN) {verdict}" + (f"\n    {where}" if where else ""),
               flush=True)
