@@ -45,6 +45,10 @@ def text(**changes):
 # module edited: the code generator hoists every `rows(..)`/`cols(..)` to the top)
 INSIDE = [(r"tds_add = \(c \* BN\) \+ tds_c(\d+)", r"tds_add = (c * BN) + tl.arange(0, \1)[None, :]"),
           (r"tds_add2 = \(i \* BM\) \+ tds_r(\d+)", r"tds_add2 = (i * BM) + tl.arange(0, \1)[:, None]")]
+# the rows' indices through an opaque identity (inline PTX), which no pass can see through or remake
+OPAQUE = [(r"tds_r(\d+) = tl.arange\(0, (\d+)\)\[:, None\]",
+           r'tds_r\1 = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tl.arange(0, \2)[:, None]], '
+           r'dtype=tl.int32, is_pure=False, pack=1)')]
 FINITE = (MASK, "        s = where(c*BN + cols(BN) <= i*BM + rows(BM), s, -1.0e6)")
 BIAS = (MASK, "        s = s + where(c*BN + cols(BN) <= i*BM + rows(BM), 0.0, -1.0e6)")
 
@@ -69,6 +73,8 @@ VARIANTS = {
     "ws_BN128_bias_inside": (text(mask=BIAS), dict(WS, BN=128), INSIDE),
     "ws_ri": (text(**RI_TEXT), WS),
     "ws_BN128_ri": (text(**RI_TEXT), dict(WS, BN=128)),
+    "ws_opaque": (SOURCE, WS, OPAQUE),
+    "ws_BN128_opaque": (SOURCE, dict(WS, BN=128), OPAQUE),
     "ws_BM64": (SOURCE, dict(WS, BM=64)),                           # one consumer group: no M partition
     "ws_nomask": (text(mask=(MASK, "")), WS),                       # its reference: keys to (i+1)*BM
     "split_BN128_3stages": ((HERE / "attention_causal.tds").read_text(), {"BN": 128}),
@@ -80,7 +86,8 @@ VARIANTS = {
 }
 # run on 2026-12-03 (call 2): ws_finite, ws_bias, ws_inside, ws_bias_inside and their BN128 builds wrong, the
 # same elements as ws
-DEFAULT = ("masked", "ws", "ws_BN128", "ws_ri", "ws_BN128_ri", "ws_BM64", "split_BN128_3stages")
+DEFAULT = ("masked", "ws", "ws_BN128", "ws_ri", "ws_BN128_ri", "ws_opaque", "ws_BN128_opaque", "ws_BM64",
+           "split_BN128_3stages")
 
 
 def compiled(variant):
