@@ -322,6 +322,13 @@ def _producer_dep(concrete: Concrete, waiter: Access, waited: Access) -> str | N
     if None in texts:
         return None
     *index_text, rank_text = texts
+    # where the read spans more than one instance's block along an index (a copy of a whole tensor
+    # that tiles write block by block: `gather[s] after mm[*, *] @ s`), the edge needs all of them
+    wider = {n for n, u in enumerate(unknowns)
+             for dw, dc in zip(waited.region.dims, waiter.region.dims)
+             if u in dw.start.xreplace(theirs).free_symbols
+             and sympy.sympify(dc.size - dw.size).subs(mine | sizes).is_positive}
+    index_text = ["*" if n in wider else text for n, text in enumerate(index_text)]
     dep = f"{b.family}[{', '.join(index_text)}]" if index_text else b.family
     return dep if owner == ir.RANK else f"{dep} @ {rank_text if owner.is_Atom else f'({rank_text})'}"
 
