@@ -114,10 +114,11 @@ class Issuing:
                         if elsewhere is not None:  # another rank's tiles: they run in its process, beside this one
                             self._await_count(count, index, expected)
                         if int(count[index]) < expected:  # emulated, the producer ran first or never will
-                            row = f"row {index}" if elsewhere is None else f"rank {elsewhere[0]}'s row {elsewhere[1]}"
+                            counted = f"row {index}" if elsewhere is None else \
+                                f"rank {elsewhere[0]}'s row {elsewhere[1]}"
                             raise ScheduleTimeout(
                                 f"rank {self.rank} timed out waiting on edge {edge}: {self.module.tds_EDGES[edge]} "
-                                f"(copy engine, {row}: expected {expected} of its instances done, saw "
+                                f"(copy engine, {counted}: expected {expected} of its instances done, saw "
                                 f"{int(count[index])})")
                     if row is not None:
                         row[timeline.WAITED] = timeline._host_now()

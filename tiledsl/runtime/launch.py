@@ -570,10 +570,10 @@ class Program(Issuing):
         """A CopyOp (target, source, signals, waits, timeline row, local) for each instance in order.
         Signals are (tensor, slot) pairs when emulated and device addresses of the slots the epoch is
         copied into on a GPU; waits are (count tensor, index, count to reach, edge, and where another
-        rank's tiles keep it, (that rank, its row)) when emulated and (device address, count) on a GPU. A wait on the stream has no bound,
-        but the tiles it counts never hang (their own waits are bounded), so every count completes; on
-        a GPU, families left out on purpose (`skip`) are not waited on (emulated, the wait fails by
-        name)."""
+        rank's tiles keep it, (that rank, its row)) when emulated and (device address, count) on a
+        GPU. A wait on the stream has no bound, but the tiles it counts never hang (their own waits
+        are bounded), so every count completes; on a GPU, families left out on purpose (`skip`) are
+        not waited on (emulated, the wait fails by name)."""
         touched = []  # the owners of the views one instance takes, to tell a copy within this GPU
 
         def tensor(name, owner):
