@@ -461,7 +461,7 @@ def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
                 f"chunk '{family.name}' on the copy engine can wait only on rows of a kernel family, like "
                 f"`{producer.name}[i{', *' * len(rest)}]` or `{producer.name}[*{', *' * len(rest)}]`; this edge "
                 f"names " + ("a copy-engine chunk" if producer.engine.kind is ir.EngineKind.COPY_ENGINE
-                             else "no such row"),
+                             else "part of a row"),
                 edge.span,
                 "run the chunk on SMs (`on sms(4)`), which may wait on any instances, or wait on rows of a "
                 "tile family: index the chunk like the tile's first index")
