@@ -184,11 +184,14 @@ def test_a_read_of_a_peers_block_is_hinted_with_the_instance_and_rank_that_write
     assert check_errors(STAGE_RACE + "take[s, i] after stage[i] @ s\n") == []
 
 
-def test_a_copy_of_what_tiles_write_block_by_block_is_hinted_with_every_tile_it_reads():
+def test_a_copy_of_a_whole_peer_tensor_is_hinted_with_every_tile_of_that_rank():
     race = next(d for d in check_errors(LM_HEAD_RACE) if d.message.startswith("race"))
     assert race.hint == "add an edge: gather[s] after mm[*, *] @ s"  # before: mm[0, 0] @ s, one tile
     assert check_errors(LM_HEAD_RACE + "gather[s] after mm[*, *] @ s\n") == []
-    # gemm_rs_ce without its edge: the copy of a row block reads every tile of the row
+
+
+def test_a_copy_of_a_row_block_is_hinted_with_every_tile_of_the_row():
+    """gemm_rs_ce without its edge: the copy of a row block reads what every tile of the row writes."""
     gemm_rs_ce = (Path(__file__).parents[2] / "programs" / "gemm_rs_ce.tds").read_text()
     without = gemm_rs_ce.replace("send[i] after mm[i, *]\n", "")
     race = next(d for d in check_errors(without) if d.message.startswith("race"))
