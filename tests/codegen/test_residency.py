@@ -137,6 +137,19 @@ def test_the_kernel_of_every_program_runs_to_the_end_with_few_programs(path, wor
         assert not stuck(concrete, ranks), (path.stem, world, shared, [str(i) for i in stuck(concrete, ranks)][:6])
 
 
+@pytest.mark.parametrize("world", (2, 3, 4))
+def test_a_copy_stream_waiting_on_every_tile_of_a_peer_runs_to_the_end(world):
+    """tests/corpus/lm_head_gather.tds: each rank's stream pulls Lg@s once every mm tile of rank s is
+    done (their counts kept in the stream's memory); its waits cross ranks, and the queues finish."""
+    source = (ROOT / "tests" / "corpus" / "lm_head_gather.tds").read_text()
+    for shared in SHARED:
+        concrete, ranks = queues(source, world, shared)
+        assert not stuck(concrete, ranks), (world, shared, [str(i) for i in stuck(concrete, ranks)][:6])
+    across = [w for w in concrete.waits if concrete.instances[w.consumer].family == "gather"
+              and any(concrete.instances[p].rank != concrete.instances[w.consumer].rank for p in w.producers)]
+    assert len(across) == world * (world - 1)  # gather[s] on rank r, s != r
+
+
 def test_a_ring_run_backwards_is_refused_and_would_hang_the_kernel():
     """`order fwd by -t`: each rank forwards its last block first, which waits for a block the previous
     rank forwards last. The checker refuses it (a cycle through every rank's order); the kernel's

@@ -77,10 +77,7 @@ CORPUS = {
     "allreduce_layernorm": Case({"T": 5, "D": 48}),
     "qk_norm": Case({"T": 3, "H": 5, "D": 16}),
     "embedding": Case({"T": 6, "V": 11, "D": 40}),
-    "lm_head_gather": Case(lambda w: {"T": 20, "D": 24, "V": 40 * w},
-                           bug="refused at check (14:17), a missing feature: a copy-engine chunk waits only on a row "
-                               "of a kernel family on its own rank (gather[s] after mm[*, *] @ s); the hint: "
-                               "run the chunk on SMs"),
+    "lm_head_gather": Case(lambda w: {"T": 20, "D": 24, "V": 40 * w}),
     "cast_scale": Case({"T": 11, "D": 100}),
     "reduce_scatter_seq_3d": Case(lambda w: {"B": 2, "S": 5 * w, "D": 40}),
     "broadcast_last": Case({"M": 9, "N": 33}),
@@ -99,6 +96,9 @@ REFUSED = {
     "halo_deadlock": (13, 15, ["deadlock", "cycle", "send[0]@rank0", "recv[0]@rank1"]),
     # a peer's staging buffer read with no edge to the tile that writes it
     "stage_race": (11, 70, ["race", "'take'", "'stage'", "S", "add an edge: take[s, i] after stage[i] @ s"]),
+    # the LM head's copy engine pulling a peer's logits with no edge to the tiles that write them
+    "lm_head_race": (13, 42, ["race", "chunk 'gather' reads Lg", "tile 'mm'",
+                              "add an edge: gather[s] after mm[*, *] @ s"]),
 }
 
 

@@ -65,7 +65,7 @@ def test_chain_of_two_local_copies_on_the_stream_adds_their_operations_and_bytes
     # (2 ops) + 2 us, released 0.5 us after first ends: 4.5 + 4 = 8.5 us. (The checker refuses a
     # copy-engine chunk waiting on another, which code generation cannot emit: the stream's model is
     # tested on the schedule.)
-    with pytest.raises(TdsError, match="can wait only on a row of a kernel family"):
+    with pytest.raises(TdsError, match="can wait only on rows of a kernel family"):
         pipeline.run(CHAIN, until="check")
     found = predict(pipeline.run(CHAIN, until="schedule").schedule, 2, {"N": 1000}, RATES)
     assert found.kernel_us == pytest.approx(8.5)

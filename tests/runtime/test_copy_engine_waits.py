@@ -1,6 +1,8 @@
-"""Copy-engine chunks that wait on kernel tiles (GEMM+ReduceScatter through the copy engine): the
-tiles count themselves per row, the stream waits on a row's count, and anything the stream cannot
-wait on is refused by the checker at the edge."""
+"""Copy-engine chunks that wait on kernel tiles (GEMM+ReduceScatter through the copy engine; the LM
+head with gathered logits, whose copy engine waits on every tile of a peer): the tiles count
+themselves per row, the stream waits on a row's count in its own GPU's memory (a peer's tiles count
+into it through peer pointers), and anything the stream cannot wait on is refused by the checker at
+the edge."""
 from __future__ import annotations
 
 import os
@@ -16,6 +18,7 @@ from tiledsl.tools.run_program import EMULATED_DTYPES, run_emulated
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMM_RS_CE = ROOT / "programs" / "gemm_rs_ce.tds"
+LM_HEAD = ROOT / "tests" / "corpus" / "lm_head_gather.tds"
 
 
 def test_the_product_counts_its_tiles_per_row_and_the_chunk_waits_for_a_whole_row():
@@ -66,14 +69,59 @@ def test_a_row_never_counted_makes_the_copy_engine_wait_fail_naming_the_edge():
 BASE = GEMM_RS_CE.read_text()
 
 
-@pytest.mark.parametrize("edge, why", [
-    ("send[i] after mm[i, *], mm[i, 0]", "a single tile, not a row"),
-    ("send[i] after mm[i, *] @ every rank", "other ranks' tiles"),
+@pytest.mark.parametrize("edge, names", [
+    ("send[i] after mm[i, *], mm[i, 0]", "part of a row"),
+    ("send[i] after mm[i, *], mm[*, 0]", "part of a row"),
 ])
-def test_what_the_stream_cannot_wait_on_is_refused_by_the_checker_at_the_edge(edge, why):
+def test_what_the_stream_cannot_wait_on_is_refused_by_the_checker_at_the_edge(edge, names):
     source = BASE.replace("send[i] after mm[i, *]", edge)
-    with pytest.raises(TdsError, match=r"chunk 'send' on the copy engine can wait only on a row of a kernel "
-                                       r"family on its own rank, like `mm\[i, \*\]`") as refused:
+    with pytest.raises(TdsError, match=r"chunk 'send' on the copy engine can wait only on rows of a kernel "
+                                       r"family, like `mm\[i, \*\]` or `mm\[\*, \*\]`; this edge names "
+                                       + names) as refused:
         run(source, until="check")
     (diagnostic,) = [d for d in refused.value.diagnostics if d.severity == "error"]
     assert diagnostic.span.line == source.splitlines().index(edge) + 1 and "on sms" in diagnostic.hint
+
+
+def test_a_wait_on_every_tile_of_a_peer_counts_into_each_ranks_copy_and_waits_on_each_row_of_that_rank():
+    plan = run(LM_HEAD, until="plan").plan
+    families = {f.name: f for f in plan.families}
+    mm = families["mm"]
+    assert str(mm.count_row) == "i" and [str(r) for r in mm.count_peers] == ["0", "world"]
+    wait, = families["gather"].host.waits
+    assert [(str(v), str(e)) for v, e in wait.loops] == [("tds_row", "ceiling(T/BT)")]
+    # rank s's rows of mm, in this rank's copy of the counts: [s, row], the family's instances apart
+    assert (str(wait.writer), str(wait.row), str(wait.count)) == ("s", "tds_row", "ceiling(V/(BV*world))")
+    assert wait.index == wait.writer * wait.slots + wait.row
+    assert plan.edges[wait.edge].endswith("gather[s] after mm[*, *] @ s")
+    # gemm_rs_ce waits on its own rank's rows only: its counts stay this rank's (no peers, no writer)
+    rs = run(GEMM_RS_CE, until="plan").plan
+    assert next(f for f in rs.families if f.name == "mm").count_peers is None
+    assert next(f for f in rs.families if f.name == "send").host.waits[0].writer is None
+
+
+def _lm_head_without_rank1_mm(heap):
+    import tiledsl
+    from tiledsl.runtime.launch import ScheduleTimeout
+    program = tiledsl.compile(os.fspath(LM_HEAD), heap, emulated=True, wait_timeout_s=0.3,
+                              skip=("mm",) if heap.rank == 1 else ())
+    T, D, V = 20, 24, 40 * heap.world
+    try:
+        program(torch.randn(T, D), torch.randn(D, V // heap.world), torch.empty(T, V))
+        return "finished"
+    except ScheduleTimeout as timeout:
+        return str(timeout)
+    finally:
+        heap.close()
+
+
+@pytest.mark.emulated
+def test_a_peer_whose_tiles_never_count_makes_the_copy_engine_wait_there_time_out_naming_the_edge():
+    """Rank 1 runs no mm: rank 0's copy of Lg@1 waits (emulated: until its bound) and fails by name;
+    its own rank's rows were counted, so gather[0] passed."""
+    line = LM_HEAD.read_text().splitlines().index("gather[s] after mm[*, *] @ s") + 1
+    first, second = run_ranks(_lm_head_without_rank1_mm, 2, timeout_s=300)
+    # the first of rank 1's rows (cdiv(T, BT) = 2 of them) of cdiv(V / world, BV) = 2 tiles each
+    assert first == (f"rank 0 timed out waiting on edge 0: {LM_HEAD}:{line} gather[s] after mm[*, *] @ s "
+                     "(copy engine, rank 1's row 0: expected 2 of its instances done, saw 0)"), first
+    assert second.startswith("rank 1 timed out waiting on edge 0"), second

@@ -17,6 +17,7 @@ from tiledsl.tools.run_program import make_inputs, program_schedule
 from tiledsl.schedule.meaning import default_sizes
 
 PROGRAMS = sorted((Path(__file__).resolve().parents[2] / "programs").glob("*.tds"))
+CORPUS = Path(__file__).resolve().parents[2] / "tests" / "corpus"
 
 
 class FakeCompiled:
@@ -200,13 +201,14 @@ def test_release_drops_the_prepared_calls_and_their_tensors(monkeypatch):
 
 
 def _prepared(name, world, monkeypatch, sms=132, **options):
-    """A call of programs/NAME.tds prepared on rank 0 of `world` as on an `sms`-SM GPU, with no GPU."""
+    """A call of programs/NAME.tds (or tests/corpus/NAME.tds) prepared on rank 0 of `world` as on an
+    `sms`-SM GPU, with no GPU."""
     class Properties:
         multi_processor_count = sms
         name = "stand-in GPU"
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Properties())
     monkeypatch.setattr(Program, "_options", lambda self, env: {})
-    path = next(p for p in PROGRAMS if p.stem == name)
+    path = next((p for p in PROGRAMS if p.stem == name), CORPUS / f"{name}.tds")
     schedule = program_schedule(path)
     sizes = default_sizes(schedule, world)
     inputs = make_inputs(schedule, world, sizes, seed=0, dtype_map={})
@@ -234,6 +236,23 @@ def test_a_kernel_leaves_one_sm_only_to_copies_beside_it(name, world, programs, 
                         lambda self, beside: asked.append(default(self, beside)) or asked[-1])
     _prepared(name, world, monkeypatch)
     assert asked == [programs]
+
+
+def test_a_stream_waiting_on_a_peers_tiles_waits_in_this_gpus_copy_of_their_counts(monkeypatch):
+    """lm_head_gather on rank 0 of 2: gather[s] waits, on the stream, on each row of rank s's mm in
+    rank 0's heap copy of the counts ([s, row], mm's instances apart), and the tiles reach every
+    rank's copy through their peer offsets. Nothing that waits goes before the kernel."""
+    call = _prepared("lm_head_gather", 2, monkeypatch)
+    counts = call.kernel_args["tds_count_mm"]
+    # mm[i in cdiv(T, BT), j in cdiv(V / world, BV)], BT = 16, BV = 32: each rank's rows, in each copy
+    rows, tiles = -(-call.env["T"] // 16), -(-call.env["V"] // (2 * 32))
+    assert counts.numel() == 2 * rows * tiles and rows > 1
+    for s, op in enumerate(call.copies["gather"]):
+        assert [address for address, _ in op.waits] == \
+            [counts.data_ptr() + 4 * (s * rows * tiles + row) for row in range(rows)]
+        assert {expected for _, expected in op.waits} == {tiles} and not goes_first(op)
+    peers = call.kernel_args["tds_countpeers_mm"]
+    assert peers[0] == 0 and peers[1] != 0  # element offsets to rank 1's copy of the counts
 
 
 def test_a_chunk_is_local_exactly_where_its_source_and_target_are_this_ranks(monkeypatch):

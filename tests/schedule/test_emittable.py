@@ -1,6 +1,6 @@
 """What code generation cannot emit is refused by the checker, at the line, with a hint
 (codegen/emittable.py): a program `tiledsl check` accepts always builds. Issue 24's cases: a copy-engine
-chunk waiting on what is not a row of a kernel family, `@` reading a peer's copy through a TMA
+chunk waiting on what is not rows of a kernel family, `@` reading a peer's copy through a TMA
 descriptor, f64 tensors."""
 from __future__ import annotations
 
@@ -44,11 +44,21 @@ CE_WAITS_ON_ALL = tds("""
 """)
 
 
-def test_a_copy_engine_chunk_waiting_on_every_tile_is_refused_at_the_edge_and_its_hint_is_accepted():
-    found = refusal(CE_WAITS_ON_ALL)
-    assert (found.span.line, found.span.column) == at(CE_WAITS_ON_ALL, "mk[*]")
-    assert "copy engine can wait only on a row of a kernel family" in found.message and "on sms" in found.hint
-    run(CE_WAITS_ON_ALL.replace("on copy_engine", "on sms(4)"), until="module")  # the hint builds
+def test_a_copy_engine_chunk_waiting_on_every_tile_builds():
+    """Once refused (the stream waited on one row's count only): `mk[*]` is a wait on each row."""
+    plan = run(CE_WAITS_ON_ALL, until="module").plan
+    wait, = next(f for f in plan.families if f.name == "send").host.waits
+    assert [str(v) for v, _ in wait.loops] == ["tds_row"] and wait.writer is None
+
+
+def test_a_copy_engine_chunk_waiting_on_a_column_of_tiles_is_refused_at_the_edge_and_its_hint_is_accepted():
+    source = CE_WAITS_ON_ALL.replace("tile mk[i in cdiv(M, BR)]: W[i*BR : +BR, :] = X[i*BR : +BR, :] * 2",
+                                     "tile mk[i in cdiv(M, BR), j in 1]: W[i*BR : +BR, :] = X[i*BR : +BR, :] * 2")
+    source = source.replace("send after mk[*]", "send after mk[*, 0]")
+    found = refusal(source)
+    assert (found.span.line, found.span.column) == at(source, "mk[*, 0]")
+    assert "copy engine can wait only on rows of a kernel family" in found.message and "on sms" in found.hint
+    run(source.replace("on copy_engine", "on sms(4)"), until="module")  # the hint builds
 
 
 PEER_PRODUCT = tds("""

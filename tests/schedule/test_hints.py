@@ -168,15 +168,34 @@ STAGE_RACE = tds("""
     tile  take[s in world, i in cdiv(N, BLOCK)]: Y[s, i*BLOCK : +BLOCK] = S@s[i*BLOCK : +BLOCK]
     """)
 
+# the LM head's copy engine pulling a peer's logits with no edge (tests/corpus/refused/lm_head_race.tds):
+# it copies all of Lg@s, which tiles write block by block, so the hint names every tile of rank s,
+# which is also what a copy engine can wait on (a row or all of a kernel family's instances)
+LM_HEAD_RACE = (Path(__file__).parents[1] / "corpus" / "refused" / "lm_head_race.tds").read_text()
+
 HAND_WRITTEN = {"read_then_overwrite": READ_THEN_OVERWRITE, "buffer_reused": BUFFER_REUSED,
                 "pull_without_edge": PULL_WITHOUT_EDGE, "caller_value": CALLER_VALUE, "puts_unwaited": PUTS_UNWAITED,
-                "stage_race": STAGE_RACE}
+                "stage_race": STAGE_RACE, "lm_head_race": LM_HEAD_RACE}
 
 
 def test_a_read_of_a_peers_block_is_hinted_with_the_instance_and_rank_that_write_it():
     race = next(d for d in check_errors(STAGE_RACE) if d.message.startswith("race"))
     assert race.hint == "add an edge: take[s, i] after stage[i] @ s"  # before: stage[...] @ every rank
     assert check_errors(STAGE_RACE + "take[s, i] after stage[i] @ s\n") == []
+
+
+def test_a_copy_of_a_whole_peer_tensor_is_hinted_with_every_tile_of_that_rank():
+    race = next(d for d in check_errors(LM_HEAD_RACE) if d.message.startswith("race"))
+    assert race.hint == "add an edge: gather[s] after mm[*, *] @ s"  # before: mm[0, 0] @ s, one tile
+    assert check_errors(LM_HEAD_RACE + "gather[s] after mm[*, *] @ s\n") == []
+
+
+def test_a_copy_of_a_row_block_is_hinted_with_every_tile_of_the_row():
+    """gemm_rs_ce without its edge: the copy of a row block reads what every tile of the row writes."""
+    gemm_rs_ce = (Path(__file__).parents[2] / "programs" / "gemm_rs_ce.tds").read_text()
+    without = gemm_rs_ce.replace("send[i] after mm[i, *]\n", "")
+    race = next(d for d in check_errors(without) if d.message.startswith("race"))
+    assert race.hint == "add an edge: send[i] after mm[i, *]"  # before: mm[...]
 
 
 def test_a_write_after_a_read_across_ranks_is_hinted_to_wait_for_the_read():

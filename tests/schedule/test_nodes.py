@@ -325,6 +325,32 @@ def test_a_wait_across_nodes_on_a_copy_engine_chunk_is_refused():
     assert passes(source.replace(" @ (((node + 1) mod nodes)*local_world + local_rank)\n", "\n")) == []
 
 
+def test_a_copy_engine_wait_on_tiles_of_another_node_is_refused_and_within_the_node_passes():
+    """A tile counts itself into the waiting copy engine's memory through a peer pointer: not on
+    another node. Within the node, the count reaches only the node's ranks (codegen/plan.py)."""
+    source = tds("""
+        program pull_tiles
+        param T, V
+        const BT = 16
+        in   X : f32[T, V]
+        symm L : f32[T, V]
+        out  Y : f32[local_world, T, V]
+        tile mk[i in cdiv(T, BT)]: L[i*BT : +BT, :] = X[i*BT : +BT, :] * 2
+        chunk pull[s in local_world] on copy_engine: L@(node*local_world + s) -> Y[s, :, :]
+        pull[s] after mk[*] @ (node*local_world + s)
+    """)
+    across = source.replace("mk[*] @ (node*local_world + s)\n",
+                            "mk[*] @ (node*local_world + s), mk[*] @ (((node + 1) mod nodes)*local_world + s)\n")
+    found = the_error(across, "across nodes: pull[0] on rank 0 (node 0), a copy-engine chunk, waits on mk[0] on "
+                              "rank 1 (node 1), whose count of instances done reaches the stream's memory only "
+                              "through peer pointers")
+    assert (found.span.line, found.span.column) == where(across, "mk[*] @ (((node")
+    assert isinstance(found.witness, SignalAcross) and "on sms(N)" in found.hint
+    assert passes(source) == []
+    mk = next(f for f in run(source, until="plan").plan.families if f.name == "mk")
+    assert [str(r) for r in mk.count_peers] == ["local_world*node", "local_world*(node + 1)"]
+
+
 def test_a_program_that_names_no_topology_is_checked_within_one_node_only():
     """ag_gemm reads every rank's A by the copy engine: fine on one node, and it names no topology, so
     it is not proved at several (the launcher refuses it there)."""

@@ -36,7 +36,10 @@ def _family(f, arguments) -> list[str]:
         out.append(f"  receives: {', '.join(arguments)}")
     if f.host is not None:
         for w in f.host.waits:
-            out.append(f"  stream waits (edge {w.edge}): count_{w.producer}[{w.row}] reaches {w.count}")
+            loops = "".join(f" for {v} < {e}" for v, e in w.loops)
+            written = "" if w.writer is None else f" (rank {w.writer}'s row {w.row}, counted here by its tiles)"
+            out.append(f"  stream waits (edge {w.edge}): count_{w.producer}[{w.index}]{written} reaches {w.count}"
+                       + loops + ("" if w.exists is sympy.true else f" where {w.exists}"))
         out.append(f"  copy {_region(f.host.source)} -> {_region(f.host.target)}")
     out += ["  " + line for line in _statements(f.head + f.body)]
     if f.notify is not None and f.puts:
@@ -48,7 +51,11 @@ def _family(f, arguments) -> list[str]:
             f" ({f.notify.first} .. {f.notify.stop - 1}" + (f"; {f.notify.remote[2]} for {f.notify.remote[0]} < "
                                                              f"{f.notify.remote[1]}" if f.notify.remote else "") + ")"
         out.append(f"  notify {reach}{ranks}: sig_{f.name}[{f.notify.slot}]")
-    if f.count_row is not None:
+    if f.count_peers is not None:
+        first, stop = f.count_peers
+        out.append(f"  count row {f.count_row} in the counts of ranks {first} .. {stop - 1}, at this rank's rows "
+                   "(copy engines there wait on it)")
+    elif f.count_row is not None:
         out.append(f"  count row {f.count_row} (the copy engine waits on it)")
     if f.flatten:
         out.append("  flattened: the persistent loop and the K loop are one pipeline")

@@ -57,7 +57,11 @@ def interface_of(plan) -> KernelInterface:
                 args.append(Arg(f"tds_sigshmem_{f.name}", Kind.SIGNAL_SHMEM, f.name, "int64"))
     kernel_families = [f for f in plan.families if f.on_sms]
     args += [Arg(f"tds_order_{f.name}", Kind.ORDER, f.name, "int32") for f in kernel_families if f.order is not None]
-    args += [Arg(f"tds_count_{f.name}", Kind.COUNT, f.name, "int32") for f in kernel_families if f.count_row is not None]
+    for f in kernel_families:
+        if f.count_row is not None:
+            args.append(Arg(f"tds_count_{f.name}", Kind.COUNT, f.name, "int32"))
+        if f.count_peers is not None:
+            args.append(Arg(f"tds_countpeers_{f.name}", Kind.COUNT_PEERS, f.name, "int64"))
     dtypes = {t.name: t.dtype for t in plan.tensors}
     for f in kernel_families:
         if f.product is not None:
@@ -169,7 +173,7 @@ def _exprs(value):
 
 def symbols_of(family) -> set[sympy.Symbol]:
     """The size symbols (params, consts, world, rank, lets) a family's kernel code reads."""
-    parts = (family.indices, family.head, family.body, family.notify, family.count_row)
+    parts = (family.indices, family.head, family.body, family.notify, family.count_row, family.count_peers)
     found = set().union(*(e.free_symbols for e in _exprs(parts)))
     local = _local_symbols(family)  # its own names, a tile's size names (Assign) among them
     return {s for s in found if s.name not in local}
@@ -243,6 +247,8 @@ def _needs(family, plan) -> set[str]:
         names.add(f"tds_order_{family.name}")
     if family.count_row is not None:
         names.add(f"tds_count_{family.name}")
+    if family.count_peers is not None:
+        names.update({f"tds_countpeers_{family.name}", "rank"})
     lets = {s for s, _ in family.lets}
     symbols = symbols_of(family) | set().union(*(v.free_symbols for _, v in family.lets))
     names.update(s.name for s in symbols - lets)

@@ -59,12 +59,23 @@ class HostRegion:
 @dataclass(frozen=True)
 class HostWait:
     """The communication stream waits until `producer`'s count of row `row` reaches `count`, where
-    `exists` (the row is one of the producer's: otherwise the edge names nothing and there is no wait)."""
+    `exists` (the row is one of the producer's: otherwise the edge names nothing and there is no wait),
+    once for each value of `loops` (`mm[*, *]`: every row; `@ every rank`: every writer). A producer
+    some copy engine of another rank waits on counts in every rank's copy, one row list per writer
+    rank (`writer`, `slots` rows apart); None: only its own rank's."""
     edge: int
     producer: str
     row: sympy.Expr
     count: sympy.Expr
     exists: sympy.Basic = sympy.true
+    writer: sympy.Expr | None = None
+    slots: sympy.Expr | None = None
+    loops: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
+
+    @property
+    def index(self) -> sympy.Expr:
+        """The count's element on this rank."""
+        return self.row if self.writer is None else self.writer * self.slots + self.row
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,9 @@ class Family:
     # `if rank == root`: the ranks its programs run it on (over rank, params, consts, world and topology
     # sizes: what the kernel's dispatch has); true on every rank
     runs_on: sympy.Basic = sympy.true
+    # ranks first .. stop-1 (every rank of the node) keep the row's count too, in their copies at this
+    # rank's rows: a copy engine there waits on it (schedule/transport.py refuses one on another node)
+    count_peers: tuple[sympy.Expr, sympy.Expr] | None = None
 
     @property
     def count(self) -> sympy.Expr:
@@ -320,7 +334,8 @@ def _family(schedule, family: ir.Family, consts, kernel, notify, counted: bool, 
         notify=notify,
         count_row=(kernel(family.indices[0][0]) if family.indices else sympy.Integer(0)) if counted else None,
         host=None if on_sms else _host_copy(schedule, family), product=product, tma_target=tma_target,
-        blocks=blocks, head=head, warps=warps, runs_on=meaning.runs_at(family, ir.RANK))
+        blocks=blocks, head=head, warps=warps, runs_on=meaning.runs_at(family, ir.RANK),
+        count_peers=_count_ranks(schedule) if counted and counts_peers(schedule, family.name) else None)
     return Family(**{**built.__dict__, "lets": _lets_used(schedule, built, kernel)})
 
 
@@ -411,11 +426,29 @@ def _star_run(mapped: tuple, loops: list, exists) -> tuple[int, int]:
     return end, length
 
 
+def counts_peers(schedule: ir.Schedule, producer: str) -> bool:
+    """Whether a copy-engine chunk waits on `producer`'s instances of another rank: the producer then
+    counts each instance in every rank's copy of its counts (at its own rank's rows), so that the
+    stream there waits on a count in its own GPU's memory, as it does for its own rank's tiles."""
+    return any(e.producer == producer and e.ranks is not ir.RankSet.LOCAL
+               and schedule.families[e.consumer].engine.kind is ir.EngineKind.COPY_ENGINE for e in schedule.edges)
+
+
+def _count_ranks(schedule: ir.Schedule) -> tuple[sympy.Expr, sympy.Expr]:
+    """The ranks whose copies of a count this rank's tiles reach through peer pointers: its node's."""
+    if not schedule.spans_nodes:
+        return sympy.Integer(0), ir.WORLD
+    return ir.NODE * ir.LOCAL_WORLD, (ir.NODE + 1) * ir.LOCAL_WORLD
+
+
 def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
     """A copy-engine chunk's copy and the waits of the stream before it: the stream can wait on one
-    count per edge, so an edge must name one row of a kernel family's instances on this rank,
-    `mm[i, *]` (or `red[i]`): the producer counts its instances per first index, and the stream
-    waits until the row's count reaches its number of instances (counts are zeroed at each call)."""
+    count at a time, so an edge must name whole rows of a kernel family's instances, `mm[i, *]` (or
+    `red[i]`), or all of them, `mm[*, *]`, on this rank or others (`@ s`, `@ every rank`): the
+    producer counts its instances per first index, and the stream waits until each row's count
+    reaches its number of instances (counts are zeroed at each call). A count kept for other ranks
+    (`counts_peers`) is written by the producer's rank into this rank's copy; zeroing it at the next
+    call cannot lose an increment, because this call's wait on it saw every one."""
     waits = []
     for number, edge in enumerate(schedule.edges):
         if edge.consumer != family.name:
@@ -423,19 +456,31 @@ def _host_copy(schedule: ir.Schedule, family: ir.Family) -> HostCopy:
         producer = schedule.families[edge.producer]
         # a family of one instance (no index list) is its own row 0
         first, rest = (edge.index_map[0], edge.index_map[1:]) if edge.index_map else (sympy.Integer(0), ())
-        if (producer.engine.kind is ir.EngineKind.COPY_ENGINE or edge.ranks is not ir.RankSet.LOCAL
-                or first is None or any(m is not None for m in rest)):
+        if producer.engine.kind is ir.EngineKind.COPY_ENGINE or any(m is not None for m in rest):
             raise LoweringError(
-                f"chunk '{family.name}' on the copy engine can wait only on a row of a kernel family on "
-                f"its own rank, like `{producer.name}[i{', *' * len(rest)}]`; this edge names "
-                + ("a copy-engine chunk" if producer.engine.kind is ir.EngineKind.COPY_ENGINE else
-                   "another rank's instances" if edge.ranks is not ir.RankSet.LOCAL else "no such row"),
+                f"chunk '{family.name}' on the copy engine can wait only on rows of a kernel family, like "
+                f"`{producer.name}[i{', *' * len(rest)}]` or `{producer.name}[*{', *' * len(rest)}]`; this edge "
+                f"names " + ("a copy-engine chunk" if producer.engine.kind is ir.EngineKind.COPY_ENGINE
+                             else "part of a row"),
                 edge.span,
-                "run the chunk on SMs (`on sms(4)`), which may wait on any instances, or wait on one row of a "
+                "run the chunk on SMs (`on sms(4)`), which may wait on any instances, or wait on rows of a "
                 "tile family: index the chunk like the tile's first index")
+        target = meaning.target(schedule, edge)
+        loops = []
+        if first is None:  # `*` at the first index: every row, one wait each
+            first = ir.index_symbol("tds_row")
+            loops.append((first, producer.indices[0][1]))
+        writer = target.rank
+        if writer is None:  # `@ every rank`
+            writer = ir.index_symbol("tds_writer")
+            loops.append((writer, ir.WORLD))
+        elif target.over is not None:  # `@ (r for s in n)`: one wait on each of those ranks
+            loops.append(target.over)
         count = sympy.Mul(*[extent for _, extent in producer.indices[1:]]) * producer.split
-        exists = sympy.And(meaning.target(schedule, edge).exists, meaning.runs_at(producer, ir.RANK))
-        waits.append(HostWait(number, producer.name, first, count, exists))
+        exists = sympy.And(target.exists, meaning.runs_at(producer, writer))
+        peers = counts_peers(schedule, producer.name)
+        waits.append(HostWait(number, producer.name, first, count, exists, writer if peers else None,
+                              sympy.Mul(*[e for _, e in producer.indices]) if peers else None, tuple(loops)))
 
     def region(r: ir.Region) -> HostRegion:
         return HostRegion(r.tensor, r.owner, tuple((d.start, d.size if d.kept else None) for d in r.dims))

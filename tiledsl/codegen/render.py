@@ -33,7 +33,8 @@ def _environment() -> jinja2.Environment:
                        assignment=assignment, dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
-                       wait_call=wait_call, tuple_of=tuple_of, params_of=params_of)
+                       wait_call=wait_call, tuple_of=tuple_of, params_of=params_of,
+                       comprehension=comprehension)
     env.globals["device_descriptors"] = lambda plan: any(  # TMA descriptors made on the device
         isinstance(s, body.MakeDescriptor) for f in plan.kernel_families for s in walk(f.head + f.body))
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
@@ -94,6 +95,11 @@ def plus(expr) -> str:
 def tuple_of(items: list[str]) -> str:
     """A Python tuple of these expressions: `()`, `(a,)` or `(a, b)`."""
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def comprehension(loops) -> str:
+    """A host list comprehension's loops: ` for v in range(n)` for each (variable, extent), outermost first."""
+    return "".join(f" for {var} in range({host_code(extent)})" for var, extent in loops)
 
 
 def params_of(names: list) -> str:

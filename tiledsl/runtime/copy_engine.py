@@ -60,8 +60,11 @@ class CopyList:
     """A fixed list of copy-engine chunks, each waits then a copy then its signals, issued the same
     way at every call. A wait (address, count) holds the stream until the int32 there reaches the
     count (cuStreamWaitValue32): kernel tiles count themselves there, zeroed at each call, so the
-    value is the same at every call. Contiguous copies go straight to cuMemcpyAsync with driver
-    handles made once, a few microseconds each; anything else takes torch's copy. A signal is a
+    value is the same at every call. A count may be kept by another rank's tiles (codegen/plan.py,
+    `counts_peers`): their release atomics reach this GPU's copy of it over NVLink, and the data the
+    copy then reads stays in their GPU, so the wait needs no flush of remote writes. Contiguous
+    copies go straight to cuMemcpyAsync with driver handles made once, a few microseconds each;
+    anything else takes torch's copy. A signal is a
     4-byte copy of the epoch cell (which the call's entry kernel advanced) into the slot: like the
     data, it is the same operation at every call, so the list can be captured in a CUDA graph.
     Copies on one stream run in order, so the slot changes only once the data before it has landed.

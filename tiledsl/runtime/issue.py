@@ -4,6 +4,7 @@ the persistent kernel and the copy-engine chunks beside it, then CUDA-graph capt
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -38,7 +39,8 @@ class CopyOp(NamedTuple):
     target: object
     source: object
     signals: list        # emulated: (signal tensor, slot); on a GPU: device addresses of the slots
-    waits: list          # emulated: (count tensor, index, count to reach, edge); on a GPU: (address, count)
+    waits: list          # emulated: (count tensor, index, count to reach, edge, (rank, row) kept by another);
+    #                      on a GPU: (address, count)
     row: object = None   # its timeline row, when traced
     local: bool = False  # source and target both in this GPU's own memory (no peer view)
 
@@ -108,11 +110,15 @@ class Issuing:
                 for target, source, signals, waits, row, _ in call.copies[spec.name]:
                     if row is not None:
                         row[timeline.START], row[timeline.PLACE] = timeline._host_now(), -1
-                    for count, index, expected, edge in waits:
+                    for count, index, expected, edge, elsewhere in waits:
+                        if elsewhere is not None:  # another rank's tiles: they run in its process, beside this one
+                            self._await_count(count, index, expected)
                         if int(count[index]) < expected:  # emulated, the producer ran first or never will
+                            counted = f"row {index}" if elsewhere is None else \
+                                f"rank {elsewhere[0]}'s row {elsewhere[1]}"
                             raise ScheduleTimeout(
                                 f"rank {self.rank} timed out waiting on edge {edge}: {self.module.tds_EDGES[edge]} "
-                                f"(copy engine, row {index}: expected {expected} of its instances done, saw "
+                                f"(copy engine, {counted}: expected {expected} of its instances done, saw "
                                 f"{int(count[index])})")
                     if row is not None:
                         row[timeline.WAITED] = timeline._host_now()
@@ -125,6 +131,13 @@ class Issuing:
                 roles, grid = self._roles(call.env, only=spec.name)
                 roles.update(tds_ENTER=call.fold, tds_EXIT=call.exit, tds_TRACE=self.trace)
                 self._launch(grid, call.kernel_args, roles, call.options)
+
+    def _await_count(self, count, index: int, expected: int) -> None:
+        """Emulated: until another rank's tiles have counted `expected` instances into this rank's
+        copy of their row, or the wait's bound (`wait_timeout_s`) has passed."""
+        deadline = time.monotonic() + self.wait_timeout_s
+        while int(count[index]) < expected and time.monotonic() < deadline:
+            time.sleep(0.0005)
 
     def _launch(self, grid: int, args: dict, roles: dict, options: dict):
         """The persistent kernel through Triton's JIT (compiling on first use); returns the compiled kernel."""

@@ -89,6 +89,7 @@ class Program(Issuing):
         self.dtype_override = {k if isinstance(k, str) else str(k).removeprefix("torch."): v
                                for k, v in (dtype_override or {}).items()}
         mode = "emulated" if self.emulated else "gpu"
+        self.wait_timeout_s = wait_timeout_s
         self.max_spins = max(1, int(wait_timeout_s * SPINS_PER_SECOND[mode]))
         self.num_sms = num_sms
         if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1) or num_warps > 32):
@@ -190,7 +191,11 @@ class Program(Issuing):
                 # reference means the same)
                 res.tensors[spec.name] = torch.zeros(shapes[spec.name], dtype=dtype, device=self.device)
         for spec in self.module.tds_FAMILIES:
-            if spec.counted:
+            if spec.count_peers:
+                # every rank's rows in every rank's copy: the producer on rank s counts its rows into
+                # [s, :] of each rank, where a copy engine waits on them
+                res.counts[spec.name] = self._alloc_signals((self.world * counts[spec.name],), torch.int32)
+            elif spec.counted:
                 # instances done per first index, zeroed at each call (one per instance is room enough)
                 res.counts[spec.name] = torch.zeros(counts[spec.name], dtype=torch.int32, device=self.device)
             if spec.notify:
@@ -481,6 +486,8 @@ class Program(Issuing):
             return res.order_tables[arg.of]
         if kind is Kind.COUNT:
             return res.counts[arg.of]
+        if kind is Kind.COUNT_PEERS:
+            return self._peer_offsets(res.counts[arg.of])
         if kind is Kind.DESCRIPTOR:
             from triton.tools.tensor_descriptor import TensorDescriptor
             return TensorDescriptor.from_tensor(views[arg.of], list(arg.block))
@@ -571,10 +578,11 @@ class Program(Issuing):
     def _copy_ops(self, spec, env, res, views, shared) -> list:
         """A CopyOp (target, source, signals, waits, timeline row, local) for each instance in order.
         Signals are (tensor, slot) pairs when emulated and device addresses of the slots the epoch is
-        copied into on a GPU; waits are (count tensor, index, count to reach, edge) when emulated and
-        (device address, count) on a GPU. A wait on the stream has no bound, but the tiles it counts never hang (their own waits are
-        bounded), so every count completes; on a GPU, families left out on purpose (`skip`) are not
-        waited on (emulated, the wait fails by name)."""
+        copied into on a GPU; waits are (count tensor, index, count to reach, edge, and where another
+        rank's tiles keep it, (that rank, its row)) when emulated and (device address, count) on a
+        GPU. A wait on the stream has no bound, but the tiles it counts never hang (their own waits
+        are bounded), so every count completes; on a GPU, families left out on purpose (`skip`) are
+        not waited on (emulated, the wait fails by name)."""
         touched = []  # the owners of the views one instance takes, to tell a copy within this GPU
 
         def tensor(name, owner):
@@ -591,7 +599,9 @@ class Program(Issuing):
             node if spec.notify == "node" else list(range(self.world))
         view_of = getattr(self.module, f"tds_views_{spec.name}")
         waits_of = getattr(self.module, f"tds_waits_{spec.name}", None)
-        count = self.module.tds_counts(env)[spec.name]
+        count_of = self.module.tds_counts(env)
+        count = count_of[spec.name]
+        counted_peers = {f.name: f.count_peers for f in self.module.tds_FAMILIES}
         ops = []
         for instance in res.orders[spec.name]:
             touched.clear()
@@ -600,12 +610,16 @@ class Program(Issuing):
             slot = self.rank * spec.split * count + instance * spec.split
             copies = [(self._signal_view(signals, r), slot) for r in ranks]
             row = res.traces[spec.name][instance * spec.split] if self.trace else None
-            waits = [(res.counts[producer], index, expected, edge)
+            # emulated, a count another rank's tiles keep is awaited (that rank runs beside this one);
+            # one of this rank's tiles is complete already or never will be
+            waits = [(res.counts[producer], index, expected, edge,
+                      divmod(index, count_of[producer]) if counted_peers[producer]
+                      and index // count_of[producer] != self.rank else None)
                      for producer, index, expected, edge in (waits_of(env, instance) if waits_of else [])
                      if producer not in self.skip or self.emulated]
             if not self.emulated:
                 copies = [view.data_ptr() + view.element_size() * slot for view, slot in copies]
-                waits = [(c.data_ptr() + c.element_size() * index, expected) for c, index, expected, _ in waits]
+                waits = [(c.data_ptr() + c.element_size() * index, expected) for c, index, expected, _, _ in waits]
             ops.append(CopyOp(target, source, copies, waits, row, local))
         return ops
 

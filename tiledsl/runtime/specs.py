@@ -22,6 +22,7 @@ class Kind(str, enum.Enum):
     SIGNAL_PEERS = "signal_peers"  # element offsets from the signals to each rank's copy
     ORDER = "order"                # a family's instance numbers in the order it runs them (int32)
     COUNT = "count"                # a family's instances done per first index (the copy engine waits on it)
+    COUNT_PEERS = "count_peers"    # element offsets from the counts to each rank's copy (copy engines elsewhere wait)
     DESCRIPTOR = "descriptor"      # a TMA descriptor: a product's operand or target
     SIZE = "size"                  # a param, `rank` or `world`
     EPOCH_CELL = "epoch_cell"      # [this call's epoch, programs finished] (int32)
@@ -81,6 +82,8 @@ class FamilySpec:
     ordered: bool
     matmul: bool
     counted: bool = False  # instances add one to a count per first index (copy-engine chunks wait on it)
+    # ... in every rank's copy of the counts, [world, instances] on the heap: a copy engine elsewhere waits
+    count_peers: bool = False
     warps: int = 4         # warps its largest block needs in registers (codegen/blocks.py)
 
 

@@ -33,7 +33,10 @@ rank runs them, or what an edge waits for.
   take their families in sequence); all of them are resident. Take a topological order of the graph:
   the first unfinished instance in it has its producers done (they come before it) and is at the head
   of its program's queue (what its program runs before it comes before it in the serial order, so in
-  the topological order): it runs. Emulated, each family is one program in turn. The queues are
+  the topological order): it runs. A rank's copy-engine chunks are one more such queue: its
+  communication stream runs them in their families' sequence and order, each after its waits on
+  counts of the tiles it names (on its own rank or, counted into its memory, on another), so the
+  same argument covers it. Emulated, each family is one program in turn. The queues are
   modelled and run to the end in tests/codegen/test_residency.py.
 - **Race**: two overlapping accesses to one rank's copy of a tensor, at least one a write, that no path
   of waits orders (program order does not count: a family's instances run on many programs at once).

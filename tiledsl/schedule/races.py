@@ -314,11 +314,19 @@ def _producer_dep(concrete: Concrete, waiter: Access, waited: Access) -> str | N
     mine = {ir.index_symbol(n): v for n, v in zip(consumer.index_names, a.index)} | {ir.RANK: a.rank,
                                                                                      ir.WORLD: concrete.world}
     sizes = {ir.size_symbol(k): v for k, v in concrete.sizes.items()}
-    at = [sympy.sympify(e).subs(mine | sizes) for e in (*index, owner)]
-    if any(e.is_integer is not True or e.free_symbols & set(unknowns) for e in index) or \
-            [int(v) if v.is_Integer else None for v in at] != [*b.index, b.rank]:
+    # where the read spans more than one instance's block along an index (a copy of a whole tensor
+    # that tiles write block by block: `gather[s] after mm[*, *] @ s`), the edge names all of them
+    wider = {n for n, u in enumerate(unknowns)
+             for dw, dc in zip(waited.region.dims, waiter.region.dims)
+             if u in dw.start.xreplace(theirs).free_symbols
+             and sympy.sympify(dc.size - dw.size).subs(mine | sizes).is_positive}
+    named = [e for n, e in enumerate(index) if n not in wider]
+    at = [sympy.sympify(e).subs(mine | sizes) for e in (*named, owner)]
+    if any(e.is_integer is not True or e.free_symbols & set(unknowns) for e in named) or \
+            [int(v) if v.is_Integer else None for v in at] != [*(v for n, v in enumerate(b.index) if n not in wider),
+                                                                b.rank]:
         return None
-    texts = [_tds_text(e) for e in (*index, owner)]
+    texts = ["*" if n in wider else _tds_text(e) for n, e in enumerate(index)] + [_tds_text(owner)]
     if None in texts:
         return None
     *index_text, rank_text = texts

@@ -9,7 +9,9 @@ in one call) and signals. So, on concrete instances at topologies of several nod
 - a wait on an instance of another node is signalled through NVSHMEM: a put signals with its data,
   a tile, an SM chunk or a get has its notify lowered to an NVSHMEM signal by the plan
   (`meaning.notify_reach`),
-  and a copy-engine chunk, whose signals are copies through peer pointers, is refused."""
+  and a copy-engine chunk, whose signals are copies through peer pointers, is refused; so is a
+  copy-engine chunk waiting on a tile of another node, whose count of instances done the tile keeps in
+  the waiter's memory through a peer pointer (codegen/plan.py, `counts_peers`)."""
 from __future__ import annotations
 
 from tiledsl.diagnostics import Note, error
@@ -65,13 +67,25 @@ def _signals(concrete: Concrete):
     for wait in concrete.waits:
         edge = schedule.edges[wait.edge]
         producer = schedule.families[edge.producer]
-        if producer.engine.kind is not ir.EngineKind.COPY_ENGINE:
+        counted = schedule.families[edge.consumer].engine.kind is ir.EngineKind.COPY_ENGINE
+        if producer.engine.kind is not ir.EngineKind.COPY_ENGINE and not counted:
             continue  # a put signals with its data; the others' notify is an NVSHMEM signal there (the plan)
         consumer = concrete.instances[wait.consumer]
         for p in wait.producers:
             other = concrete.instances[p]
             if topology.same_node(consumer.rank, other.rank):
                 continue
+            if producer.engine.kind is not ir.EngineKind.COPY_ENGINE:
+                yield ("signal-across", wait.edge), error(
+                    f"across nodes: {at(consumer)} (node {topology.node(consumer.rank)}), a copy-engine chunk, "
+                    f"waits on {at(other)} (node {topology.node(other.rank)}), whose count of instances done "
+                    f"reaches the stream's memory only through peer pointers (at {sizes_text(concrete)})",
+                    edge.span, notes=[Note(f"'{edge.consumer}' is declared here",
+                                           schedule.families[edge.consumer].span)],
+                    hint=f"run '{edge.consumer}' on sms(N) or nvshmem(N), whose waits reach other nodes, or "
+                         "wait only on tiles of its own node",
+                    witness=SignalAcross(where(concrete), point(consumer), point(other), wait.edge))
+                break
             yield ("signal-across", wait.edge), error(
                 f"across nodes: {at(consumer)} (node {topology.node(consumer.rank)}) waits on {at(other)} (node "
                 f"{topology.node(other.rank)}), a copy-engine chunk, which signals through peer pointers; only "
