@@ -59,6 +59,24 @@ RI_TEXT = {"in": ("out  O : bf16[B, S, H, D]", "in   RI : i32[S, 4]\nout  O : bf
            "ri": ("    q = Q[b, i*BM : +BM, h, :]\n", "    q = Q[b, i*BM : +BM, h, :]\n    ri = rowmax(RI[i*BM : +BM, :])\n"),
            "mask": ("<= i*BM + rows(BM)", "<= ri")}
 
+# attention_causal.tds (two loops a step) with the diagonal's masked blocks first and the unmasked ones
+# after, only the second loop warp-specialized (Triton 3.6 refuses a loop after a specialized one): the
+# mask then never meets the data partition (call 3: rows' indices loaded, or through an opaque identity,
+# were still wrong or failed the pass)
+SPLIT = (HERE / "attention_causal.tds").read_text()
+_FULL = SPLIT[SPLIT.index("        for c in full:"):SPLIT.index("        for e in min(")]
+_DIAG = SPLIT[SPLIT.index("        for e in min("):SPLIT.index("    O[b, i*BM")]
+DIAG_FIRST = SPLIT.replace(_FULL + _DIAG, _DIAG + _FULL)
+FIRST_PLAIN = [(r"(for e in tl\.range\([^:]*?),\s*warp_specialize=True\)", r"\1)")]
+
+# the rows' indices carried through the loop as its state, like m, l and acc (which the partition gets
+# right), updated by a no-op the passes before the partition cannot fold (x > inf is never true; LLVM
+# removes it later); call 3 and Triton 3.6 on CPU: the diagonal-first split fails the pass too
+CARRIED = [(r"\n(\s*)(for c in tl\.range\([^:]*warp_specialize=True\):)",
+            r"\n\1tds_rowsc = (i * BM) + tds_r128\n\1\2"),
+           (r"tds_add2 = \(i \* BM\) \+ tds_r(\d+)", r"tds_add2 = tds_rowsc"),
+           (r"\n(\s*)m = mn\n", r"\n\1m = mn\n\1tds_rowsc = tds_rowsc + (mn > float('inf')).to(tl.int32)\n")]
+
 # label -> (program text, build options[, edits of the generated module: (regex, replacement)])
 VARIANTS = {
     "masked": (SOURCE, {}),                                         # right on 2026-12-03
@@ -75,6 +93,10 @@ VARIANTS = {
     "ws_BN128_ri": (text(**RI_TEXT), dict(WS, BN=128)),
     "ws_opaque": (SOURCE, WS, OPAQUE),
     "ws_BN128_opaque": (SOURCE, dict(WS, BN=128), OPAQUE),
+    "ws_diagfirst": (DIAG_FIRST, WS, FIRST_PLAIN),
+    "ws_BN128_diagfirst": (DIAG_FIRST, dict(WS, BN=128), FIRST_PLAIN),
+    "ws_carried": (SOURCE, WS, CARRIED),
+    "ws_BN128_carried": (SOURCE, dict(WS, BN=128), CARRIED),
     "ws_BM64": (SOURCE, dict(WS, BM=64)),                           # one consumer group: no M partition
     "ws_nomask": (text(mask=(MASK, "")), WS),                       # its reference: keys to (i+1)*BM
     "split_BN128_3stages": ((HERE / "attention_causal.tds").read_text(), {"BN": 128}),
@@ -86,8 +108,11 @@ VARIANTS = {
 }
 # run on 2026-12-03 (call 2): ws_finite, ws_bias, ws_inside, ws_bias_inside and their BN128 builds wrong, the
 # same elements as ws
-DEFAULT = ("masked", "ws", "ws_BN128", "ws_ri", "ws_BN128_ri", "ws_opaque", "ws_BN128_opaque", "ws_BM64",
-           "split_BN128_3stages")
+# call 3 (2026-12-03): ws_ri and ws_BN128_ri failed the warp-specialization pass; ws_opaque and
+# ws_BN128_opaque wrong (the same elements); ws_BM64 right at 1.425 ms (0.37x of cuDNN)
+# (and Triton 3.6's sm_90 build on CPU): ws_diagfirst and ws_BN128_diagfirst fail the pass; the carried
+# builds compile there
+DEFAULT = ("ws_carried", "ws_BN128_carried", "ws_BN128", "split_BN128_3stages")
 
 
 def compiled(variant):
@@ -102,7 +127,7 @@ def compiled(variant):
         return tiledsl.compile(source, **consts)
     module = pipeline.run(source, until="module", consts=consts).module
     for pattern, replacement in edits[0]:
-        module, n = re.subn(pattern, replacement, module)
+        module, n = re.subn(pattern, replacement, module, flags=re.M)
         assert n, pattern
     path = cache_dir() / f"tds_ws_probe_{abs(hash(module)) % 10**12}.py"
     path.write_text(module)
