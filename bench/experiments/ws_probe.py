@@ -12,6 +12,18 @@ blocks hit, and whether a second call gives the same bits (a race does not). Eve
 (the fastest right causal build) and cuDNN (`sdpa_kernel([CUDNN_ATTENTION])`, is_causal=True).
 
     python3 bench/experiments/ws_probe.py            # on a GPU; WS_VARIANTS=a,b picks, TOKENS=S
+
+Found (2026-12-03, session 19, one H200, Triton 3.6; bench/results/2026-12-03-s19/call2, call3): only
+the rows of the second consumer warp group are wrong (offsets 64-127 of a block), most in the first
+row blocks and fewer later (125854 of 151453 wrong elements in row block 0): as if that group applied
+the first group's causal mask (missing 64 keys matters less the more keys a row sees). The same
+elements whatever the mask's form (-inf, -1e6, additive), wherever the rows' indices are made (the
+kernel's top, in the loop, through inline PTX, carried as loop state), in the tile's natural order
+and with every key block visited; without the mask the specialized tile is right, and so is BM = 64
+(one consumer group, 0.37x of cuDNN). Rows' indices loaded from a tensor, or the diagonal's blocks in
+a plain loop before the specialized one, fail Triton's pass (WSDataPartition.cpp:324 "Unexpected
+op"). What a right build would gain: ws_BN128 0.632-0.650 ms against split_BN128_3stages 0.688-0.706
+at 4K tokens (8%).
 """
 from __future__ import annotations
 
@@ -52,10 +64,10 @@ OPAQUE = [(r"tds_r(\d+) = tl.arange\(0, (\d+)\)\[:, None\]",
 FINITE = (MASK, "        s = where(c*BN + cols(BN) <= i*BM + rows(BM), s, -1.0e6)")
 BIAS = (MASK, "        s = s + where(c*BN + cols(BN) <= i*BM + rows(BM), 0.0, -1.0e6)")
 
-# the rows' indices loaded from a tensor (RI[r, :] = r) once a tile, not made by tl.arange: on 2026-12-03
+# the rows' indices loaded from a tensor (RI[r, :] = r, 16 wide: a TMA block, as q's) once a tile, not made by tl.arange: on 2026-12-03
 # only the second consumer warp group's rows (64-127 of a block) were wrong, most in the first row blocks,
 # as if its row indices started at 0 (Triton's data partition of the M dimension)
-RI_TEXT = {"in": ("out  O : bf16[B, S, H, D]", "in   RI : i32[S, 4]\nout  O : bf16[B, S, H, D]"),
+RI_TEXT = {"in": ("out  O : bf16[B, S, H, D]", "in   RI : i32[S, 16]\nout  O : bf16[B, S, H, D]"),
            "ri": ("    q = Q[b, i*BM : +BM, h, :]\n", "    q = Q[b, i*BM : +BM, h, :]\n    ri = rowmax(RI[i*BM : +BM, :])\n"),
            "mask": ("<= i*BM + rows(BM)", "<= ri")}
 
@@ -77,6 +89,11 @@ CARRIED = [(r"\n(\s*)(for c in tl\.range\([^:]*warp_specialize=True\):)",
            (r"tds_add2 = \(i \* BM\) \+ tds_r(\d+)", r"tds_add2 = tds_rowsc"),
            (r"\n(\s*)m = mn\n", r"\n\1m = mn\n\1tds_rowsc = tds_rowsc + (mn > float('inf')).to(tl.int32)\n")]
 
+# ws_ri's table read through a device TMA descriptor, as q is (the code generator loads an integer
+# block by pointers; the pointer load failed the pass, call 3)
+RI_DESC = [(r"tds_RI = tl\.load\(RI \+[^\n]*\n[^\n]*other=0\.0\)",
+            r"tds_RI = tl.make_tensor_descriptor(RI, [S, 16], [16, 1], [128, 16]).load([i * BM, 0])")]
+
 # label -> (program text, build options[, edits of the generated module: (regex, replacement)])
 VARIANTS = {
     "masked": (SOURCE, {}),                                         # right on 2026-12-03
@@ -91,6 +108,8 @@ VARIANTS = {
     "ws_BN128_bias_inside": (text(mask=BIAS), dict(WS, BN=128), INSIDE),
     "ws_ri": (text(**RI_TEXT), WS),
     "ws_BN128_ri": (text(**RI_TEXT), dict(WS, BN=128)),
+    "ws_ri_desc": (text(**RI_TEXT), WS, RI_DESC),
+    "ws_BN128_ri_desc": (text(**RI_TEXT), dict(WS, BN=128), RI_DESC),
     "ws_opaque": (SOURCE, WS, OPAQUE),
     "ws_BN128_opaque": (SOURCE, dict(WS, BN=128), OPAQUE),
     "ws_diagfirst": (DIAG_FIRST, WS, FIRST_PLAIN),
@@ -112,7 +131,9 @@ VARIANTS = {
 # ws_BN128_opaque wrong (the same elements); ws_BM64 right at 1.425 ms (0.37x of cuDNN)
 # (and Triton 3.6's sm_90 build on CPU): ws_diagfirst and ws_BN128_diagfirst fail the pass; the carried
 # builds compile there
-DEFAULT = ("ws_carried", "ws_BN128_carried", "ws_BN128", "split_BN128_3stages")
+# (call 3b: ws_carried and ws_BN128_carried wrong, the same elements as ws; Triton 3.6's sm_90 build on
+# CPU: ws_ri_desc and ws_BN128_ri_desc fail the pass, WSDataPartition.cpp:324 "Unexpected op")
+DEFAULT = ("masked", "ws", "ws_BN128", "ws_nomask", "split_BN128_3stages")
 
 
 def compiled(variant):
@@ -158,7 +179,7 @@ def args(source, q, k, v, out):
     if "in   RI" not in source:
         return q, k, v, out
     rows = torch.arange(q.shape[1], device=q.device, dtype=torch.int32)
-    return q, k, v, rows[:, None].expand(-1, 4).contiguous(), out
+    return q, k, v, rows[:, None].expand(-1, 16).contiguous(), out
 
 
 def reference(q, k, v, nomask: bool):
