@@ -4,7 +4,9 @@
      op on 8 KB) and HBM's pace on a 14.7 MB copy;
   2. moe: dispatch (bf16, fp8) and combine at DeepSeek-V3's routing (hidden 7168, 256 experts, top 8),
      128 and 4096 tokens: the library programs, and each with one const as it was before session 14
-     (dispatch BH=1024, combine BR=32 and BH=1024), against all_to_all_single, every output checked; then one traced
+     (dispatch BH=1024, combine BR=32 and BH=1024), dispatch with pack tiles of 16 rows, and one pass a
+     direction (bench/experiments/moe_dispatch_direct.tds, moe_combine_direct.tds), against
+     all_to_all_single, every output checked; then one traced
      call of each library program (every instance's start, end of waits and end on the GPU clock),
      summarised per family and written as Perfetto JSON; the kernels of one untraced call
      (torch.profiler); tiledsl.ops.moe_dispatch/moe_combine, tuned and with each path forced;
@@ -198,10 +200,12 @@ MOE_PROGRAMS = {"dispatch": (PROGRAMS / "moe_dispatch.tds", {}), "combine": (PRO
                 "combine_BR32_BH1024": (PROGRAMS / "moe_combine.tds", {"BR": 32, "BH": 1024}),
                 # one pass a direction (issue 27): the expert rank gathers rows from X@s by the token numbers
                 # the token's rank packed; the token's rank sums its K rows from Y@(expert's rank)
+                # pack tiles of 16 rows: half the tiles (and their system-scope signals) of 8
+                "dispatch_BT16": (PROGRAMS / "moe_dispatch.tds", {"BT": 16, "BR": 16}),
                 "dispatch_direct": (EXPERIMENTS / "moe_dispatch_direct.tds", {}),
                 "combine_direct": (EXPERIMENTS / "moe_combine_direct.tds", {})}
 PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32_BH1024"), ("fp8", "combine"),
-         ("dispatch_direct", "combine_direct"))
+         ("dispatch_direct", "combine_direct"), ("dispatch_BT16", "combine_direct"))
 
 
 def moe_case(heap, T, programs, traced):
