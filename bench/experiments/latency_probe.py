@@ -203,9 +203,12 @@ MOE_PROGRAMS = {"dispatch": (PROGRAMS / "moe_dispatch.tds", {}), "combine": (PRO
                 # pack tiles of 16 rows: half the tiles (and their system-scope signals) of 8
                 "dispatch_BT16": (PROGRAMS / "moe_dispatch.tds", {"BT": 16, "BR": 16}),
                 "dispatch_direct": (EXPERIMENTS / "moe_dispatch_direct.tds", {}),
+                # half its gathering tiles (each waits twice and reads the count, most empty at 128 tokens)
+                "dispatch_direct_BH4096": (EXPERIMENTS / "moe_dispatch_direct.tds", {"BH": 4096}),
                 "combine_direct": (EXPERIMENTS / "moe_combine_direct.tds", {})}
 PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32_BH1024"), ("fp8", "combine"),
-         ("dispatch_direct", "combine_direct"), ("dispatch_BT16", "combine_direct"))
+         ("dispatch_direct", "combine_direct"), ("dispatch_BT16", "combine_direct"),
+         ("dispatch_direct_BH4096", "combine_direct"))
 
 
 def moe_case(heap, T, programs, traced):
