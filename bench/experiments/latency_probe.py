@@ -4,7 +4,9 @@
      op on 8 KB) and HBM's pace on a 14.7 MB copy;
   2. moe: dispatch (bf16, fp8) and combine at DeepSeek-V3's routing (hidden 7168, 256 experts, top 8),
      128 and 4096 tokens: the library programs, and each with one const as it was before session 14
-     (dispatch BH=1024, combine BR=32 and BH=1024), against all_to_all_single, every output checked; then one traced
+     (dispatch BH=1024, combine BR=32 and BH=1024), dispatch with pack tiles of 16 rows, and one pass a
+     direction (bench/experiments/moe_dispatch_direct.tds, moe_combine_direct.tds), against
+     all_to_all_single, every output checked; then one traced
      call of each library program (every instance's start, end of waits and end on the GPU clock),
      summarised per family and written as Perfetto JSON; the kernels of one untraced call
      (torch.profiler); tiledsl.ops.moe_dispatch/moe_combine, tuned and with each path forced;
@@ -195,8 +197,18 @@ def trace_one(name, program, T, call_args):
 MOE_PROGRAMS = {"dispatch": (PROGRAMS / "moe_dispatch.tds", {}), "combine": (PROGRAMS / "moe_combine.tds", {}),
                 "fp8": (PROGRAMS / "moe_dispatch_fp8.tds", {}),
                 "dispatch_BH1024": (PROGRAMS / "moe_dispatch.tds", {"BH": 1024}),
-                "combine_BR32_BH1024": (PROGRAMS / "moe_combine.tds", {"BR": 32, "BH": 1024})}
-PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32_BH1024"), ("fp8", "combine"))
+                "combine_BR32_BH1024": (PROGRAMS / "moe_combine.tds", {"BR": 32, "BH": 1024}),
+                # one pass a direction (issue 27): the expert rank gathers rows from X@s by the token numbers
+                # the token's rank packed; the token's rank sums its K rows from Y@(expert's rank)
+                # pack tiles of 16 rows: half the tiles (and their system-scope signals) of 8
+                "dispatch_BT16": (PROGRAMS / "moe_dispatch.tds", {"BT": 16, "BR": 16}),
+                "dispatch_direct": (EXPERIMENTS / "moe_dispatch_direct.tds", {}),
+                # half its gathering tiles (each waits twice and reads the count, most empty at 128 tokens)
+                "dispatch_direct_BH4096": (EXPERIMENTS / "moe_dispatch_direct.tds", {"BH": 4096}),
+                "combine_direct": (EXPERIMENTS / "moe_combine_direct.tds", {})}
+PAIRS = (("dispatch", "combine"), ("dispatch_BH1024", "combine_BR32_BH1024"), ("fp8", "combine"),
+         ("dispatch_direct", "combine_direct"), ("dispatch_BT16", "combine_direct"),
+         ("dispatch_direct_BH4096", "combine_direct"))
 
 
 def moe_case(heap, T, programs, traced):
@@ -258,8 +270,10 @@ def moe_case(heap, T, programs, traced):
     TABLE.append(f"{f'moe T={T} dispatch+combine = d + c':<44} {us['dispatch'] + us['combine']:7.1f} = "
                  f"{us['dispatch']:.1f} + {us['combine']:.1f} us; fp8 dispatch {us['fp8']:.1f}; "
                  f"a2a {us['all_to_all_single (both)']:.1f}")
+    TABLE.append(f"{f'moe T={T} direct dispatch+combine':<44} {us['dispatch_direct'] + us['combine_direct']:7.1f} = "
+                 f"{us['dispatch_direct']:.1f} + {us['combine_direct']:.1f} us")
     # where the time goes: the kernels of one call, then every instance of a traced call
-    for key in () if QUICK else ("dispatch", "combine", "fp8"):
+    for key in () if QUICK else ("dispatch", "combine", "fp8", "dispatch_direct", "combine_direct"):
         if key in timed:
             say(f"moe T={T} {key} kernels: {guarded(f'profile {key}', lambda key=key: kernels_of(timed[key]), '?')}")
     for key, program in traced.items():
@@ -296,13 +310,13 @@ def ops_path(heap, T):
 
 
 def moe_section(heap):
-    keys = ("dispatch", "combine", "fp8") if QUICK else tuple(MOE_PROGRAMS)
+    keys = ("dispatch", "combine", "fp8", "dispatch_direct", "combine_direct") if QUICK else tuple(MOE_PROGRAMS)
     programs = {k: guarded(f"compile {k}", lambda p=p, c=c: tiledsl.compile(p, heap, **c), None)
                 for k, (p, c) in MOE_PROGRAMS.items() if k in keys}
     programs = {k: p for k, p in programs.items() if p is not None}
     traced = {} if QUICK else {
         k: guarded(f"compile {k} traced", lambda k=k: tiledsl.compile(MOE_PROGRAMS[k][0], heap, trace=True), None)
-        for k in ("dispatch", "combine", "fp8")}
+        for k in ("dispatch", "combine", "fp8", "dispatch_direct", "combine_direct")}
     traced = {k: p for k, p in traced.items() if p is not None}
     for T in (128, 4096):
         if over_budget(f"moe T={T}"):

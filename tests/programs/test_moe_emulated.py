@@ -25,6 +25,9 @@ import moe_expectations as expect  # tests/programs/ is on sys.path, as pytest i
 pytestmark = pytest.mark.emulated
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "bench" / "experiments"
+# one pass a direction (bench/experiments/): the same contract as the library program they stand for
+VARIANTS = {"moe_dispatch_direct": "moe_dispatch", "moe_combine_direct": "moe_combine"}
 MOE_PROGRAMS = ("moe_dispatch", "moe_dispatch_fp8", "moe_combine", "ag_group_gemm", "moe_gemm_rs")
 EMULATED = {"bfloat16": torch.float32}  # the interpreter computes bf16 `tl.dot` wrongly
 TOLERANCE = 1e-5  # float32 against float64, relative to the output's largest magnitude
@@ -35,6 +38,7 @@ WORLDS = (2, 3, 4)
 EP_TILES = {"BT": 8, "BH": 8, "BR": 8}
 FP8_TILES = {"BT": 8, "QG": 8, "BR": 8}  # QG: values a scale covers (128 on the GPU)
 GEMM_TILES = {"BM": 16, "BN": 16, "BT": 8, "BR": 8}
+DIRECT_TILES = {"BR": 4, "BH": 8, "BC": 4}  # BC: rows a gathering tile copies (several below C = 20)
 
 
 @dataclass(frozen=True)
@@ -47,14 +51,21 @@ class Case:
     error: str | None = None  # the DataError every call must end in, where one is expected
 
     @property
+    def kind(self) -> str:
+        """The library program whose contract (inputs, outputs, expectation) this program keeps."""
+        return VARIANTS.get(self.program, self.program)
+
+    @property
     def consts(self) -> dict:
+        if self.program == "moe_dispatch_direct":
+            return DIRECT_TILES
         if self.program == "group_gemm":
             return {n: GEMM_TILES[n] for n in ("BM", "BN")}
         if self.program == "group_gemm_fp8":
             return {"BM": GEMM_TILES["BM"], "BN": GEMM_TILES["BN"], "QG": FP8_TILES["QG"]}
         if self.program == "moe_dispatch_fp8":
             return FP8_TILES
-        return EP_TILES if self.program in ("moe_dispatch", "moe_combine") else GEMM_TILES
+        return EP_TILES if self.kind in ("moe_dispatch", "moe_combine") else GEMM_TILES
 
     @property
     def name(self) -> str:
@@ -113,6 +124,14 @@ CASES = [
     Case("moe_combine", "rank0-sends-nothing-top1", dict(T=9, H=8, K=1, E=3, C=9), "stay_home", TWO_THREE),
     Case("moe_combine", "top8-idle-experts", dict(T=5, H=8, K=8, E=8, C=5), "even_only", TWO),
     Case("moe_combine", "over-capacity", dict(T=10, H=8, K=2, E=2, C=6), "skewed", TWO, "CapacityExceeded"),
+    # one pass a direction, at world 1 too (peers' inputs read where the caller has them)
+    Case("moe_dispatch_direct", "uniform-top2", dict(T=10, H=12, K=2, E=2, C=20), "uniform", (1, 2, 4)),
+    Case("moe_dispatch_direct", "skewed-top8", dict(T=5, H=8, K=8, E=4, C=5), "skewed", TWO),
+    Case("moe_dispatch_direct", "rank0-sends-nothing", dict(T=10, H=8, K=2, E=2, C=20), "stay_home", TWO),
+    Case("moe_dispatch_direct", "over-capacity", dict(T=10, H=8, K=2, E=2, C=6), "skewed", TWO, "CapacityExceeded"),
+    Case("moe_combine_direct", "uniform-top2", dict(T=10, H=12, K=2, E=2, C=20), "uniform", (1, 2, 4)),
+    Case("moe_combine_direct", "skewed", dict(T=10, H=12, K=2, E=2, C=10), "skewed", TWO),
+    Case("moe_combine_direct", "over-capacity", dict(T=10, H=8, K=2, E=2, C=6), "skewed", TWO, "CapacityExceeded"),
     # tensor parallelism: E experts on every rank; D, N and I multiples of 8 (TMA rows of 16 bytes)
     Case("ag_group_gemm", "uniform-top2", dict(T=10, D=16, N=24, K=2, E=3, C=20), "uniform", ALL),
     Case("ag_group_gemm", "skewed", dict(T=10, D=16, N=24, K=2, E=3, C=10), "skewed", TWO_THREE),
@@ -148,7 +167,7 @@ def _counts(case: Case, generator: torch.Generator) -> torch.Tensor:
 def _experts(case: Case, world: int) -> tuple[int, int]:
     """(experts the ids range over, experts a rank holds)."""
     E = case.params["E"]
-    return (E * world, E) if case.program in ("moe_dispatch", "moe_dispatch_fp8", "moe_combine") else (E, E)
+    return (E * world, E) if case.kind in ("moe_dispatch", "moe_dispatch_fp8", "moe_combine") else (E, E)
 
 
 def _inputs(case: Case, world: int, generator: torch.Generator) -> list[dict]:
@@ -183,7 +202,7 @@ def _inputs(case: Case, world: int, generator: torch.Generator) -> list[dict]:
             "ag_group_gemm": lambda: {"A": randn(p["T"], p["D"]), "ids": ids, "B": randn(p["E"], p["D"], p["N"])},
             "moe_gemm_rs": lambda: {"Hx": randn(world, p["E"], p["C"], p["I"]), "ids": ids,
                                     "w": randn(p["T"], p["K"]), "B": randn(p["E"], p["I"], p["N"])},
-        }[case.program]()
+        }[case.kind]()
         out.append(tensors)
     return out
 
@@ -202,7 +221,7 @@ def _expected(case: Case, inputs: list[dict]) -> list[dict]:
         "group_gemm": lambda: expect.group_gemm(lists["count"], lists["P"], lists["B"]),
         "group_gemm_fp8": lambda: expect.group_gemm_fp8(lists["count"], lists["P"], lists["S"], lists["B"],
                                                         FP8_TILES["QG"]),
-    }[case.program]()
+    }[case.kind]()
     return [{n: values[rank] for n, values in outputs.items()} for rank in range(len(inputs))]
 
 
@@ -220,7 +239,7 @@ def _out_shapes(case: Case, world: int) -> dict:
         "moe_gemm_rs": lambda: {"Y": ((p["T"], p["N"]), torch.float32)},
         "group_gemm": lambda: {"G": ((p["E"], p["C"], p["N"]), torch.float32)},
         "group_gemm_fp8": lambda: {"G": ((p["E"], p["C"], p["N"]), torch.float32)},
-    }[case.program]()
+    }[case.kind]()
 
 
 # ---- the ranks -----------------------------------------------------------------------------------
@@ -235,7 +254,8 @@ def _rank(heap, jobs: list) -> list:
     for name, consts, calls, outs in jobs:
         key = (name, tuple(sorted(consts.items())))
         if key not in programs:
-            programs[key] = tiledsl.compile(os.fspath(PROGRAMS / f"{name}.tds"), heap, emulated=True,
+            source = EXPERIMENTS / f"{name}.tds" if name in VARIANTS else PROGRAMS / f"{name}.tds"
+            programs[key] = tiledsl.compile(os.fspath(source), heap, emulated=True,
                                             dtype_override=EMULATED, wait_timeout_s=20.0, **consts)
         program = programs[key]
         mine = calls[0][heap.rank]

@@ -126,9 +126,12 @@ def capacity_report(tile, place: Place, value, cap) -> Report:
     return Report(site, sympy.Gt(stored, tile.k(cap)), place, stored, tile.k(cap), within=place)
 
 
-STEP = 64         # ids a routing scan takes at a time: a [STEP, groups] block of int32 per step
-COUNT_STEP = 1024  # ids a scan only counts at a time (a histogram, the ids before a part): tl.histogram
-MAX_GROUPS = 128  # groups one pass of a scan counts; more groups take more passes over the ids
+# ids an arrival numbers at a time: a [STEP, STEP] comparison per step (earlier equal ids in the step).
+# A step's work does not grow with the groups: the one-hot [64, 128] running sum it replaced took ~5 us
+# a step on an H200, twice at 256 experts (13 us a route tile at 128 tokens, bench/NOTES.md session 19)
+STEP = 64
+COUNT_STEP = 4096  # ids a scan only counts at a time (a histogram, the ids before a part): tl.histogram
+MAX_GROUPS = 1024  # groups one pass of a scan counts (a tl.histogram's bins); more take more passes
 
 
 def route_body(tile) -> TileBody:

@@ -833,8 +833,8 @@ ANY_RANK = ir.index_symbol("tds_any_rank")  # a rank read through a device value
 def at_capacity(schedule: ir.Schedule, region: ir.Region) -> tuple[sympy.Expr | None, tuple[tuple, ...]]:
     """The region's owner and (start, size) per dimension with no device value left: every size at its
     counts' caps, a point read through a device value the whole dimension, such a rank ANY_RANK."""
-    caps = {}
-    for value in ir.device_values(region.owner) | {v for d in region.dims for v in ir.device_values(d.size)}:
+    caps = {}  # a size's counts at their caps; the owner's values need none (it becomes ANY_RANK)
+    for value in {v for d in region.dims for v in ir.device_values(d.size)}:
         caps[value] = schedule.tensors[ir.value_tensor(value)].cap
     owner = region.owner
     if owner is not None and ir.device_values(owner):

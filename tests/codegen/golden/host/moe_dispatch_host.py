@@ -202,8 +202,8 @@ def tds_blocks(tds_env):
     E = tds_env['E']
     world = tds_env['world']
     return {
-        'tds_BLOCK_tally_groups': tds_launch.pow2_at_least(min(128, E * world)),
-        'tds_BLOCK_route_groups': tds_launch.pow2_at_least(min(128, E * world)),
+        'tds_BLOCK_tally_groups': tds_launch.pow2_at_least(min(1024, E * world)),
+        'tds_BLOCK_route_groups': tds_launch.pow2_at_least(min(1024, E * world)),
         'tds_BLOCK_keep_0': tds_launch.pow2_at_least(E),
         'tds_BLOCK_keep_1': tds_launch.pow2_at_least(world),
     }
