@@ -262,9 +262,10 @@ def test_a_family_found_broken_stays_fixed(tag):
         assert stats["accepted"] == 1 and stats["emulated at world 2"] == 1, dict(stats)
 
 
-@pytest.mark.parametrize("name", ["None", "lambda", "tds_acc", "tl"])
+@pytest.mark.parametrize("name", ["None", "lambda", "tds_acc", "tl", "range"])
 def test_a_block_name_python_cannot_bind_is_refused_with_its_line(name):
-    # seed 291 bound a local named None: check passed and the module was a SyntaxError
+    # seed 291 bound a local named None: check passed and the module was a SyntaxError; seed 1782 a
+    # local named range, which the kernel's loops call
     source = ("program p\nparam P\nin S : f32[P]\nout H : f32[P]\ntile t[i in cdiv(P, 4)]:\n"
               f"    {name} = S[i*4 : +4]\n    H[i*4 : +4] = {name} * 2.0\n")
     with pytest.raises(TdsError) as refusal:
