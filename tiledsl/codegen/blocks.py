@@ -119,6 +119,8 @@ class _Block:
             tag = str(block).removeprefix(f"tds_BLOCK_{self.family.name}_")
             kind = "e" if rank == 1 else "r" if axis == 0 else "c"
             name = f"tds_{kind}{tag}" if isinstance(block, int) else f"tds_{kind}_b{tag}"
+            if rank > 2:  # axis n of a block of 3 axes: `tds_d3{n}_16` (seed 1626: they were a 2-D block's)
+                name = f"tds_d{rank}{axis}_{tag}" if isinstance(block, int) else f"tds_d{rank}{axis}_b{tag}"
             self.names.add(name)
             self.aranges[key] = name
             self.head.append(b.Arange(name, block, axis, rank))
