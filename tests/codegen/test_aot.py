@@ -227,7 +227,6 @@ def test_what_only_the_sm_90_compile_refused_in_generated_bodies_compiles():
     # product whose K block was 16 (tl.dot takes 32 for 8-bit operands), a product whose K step was a
     # `const BK = 8` (16 at least), a float carried from an i64 block, `i8 / f32` and exp of an i8 block
     # (div_rn and exp take fp32); seeds 1354, 1510 and 1762 a cast of a constant (`bf16(0.5)`: a Python
-    # float has no `.to` there), seed 1626 a 3-D block whose aranges were a 2-D block's (its loads did not
-    # broadcast); emulation runs all of them, only the GPU's compiler refused
+    # float has no `.to` there); emulation runs all of them, only the GPU's compiler refused
     row = report(build_module(GPU_ONLY_REFUSALS), "sm_90")
     assert row.spill_bytes == 0 and row.shared_bytes < HOPPER_SHARED_BYTES

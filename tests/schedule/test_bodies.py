@@ -239,6 +239,15 @@ tile red[i in cdiv(N, 4)]:
         e = max(e, U[c, i*4 : +4])
     W[i*4 : +4] = e + d
 """,
+    # seed 1626: a 3-D block lowered as a block (where) had a 2-D block's aranges; refused as the one-block
+    # lowering refuses it
+    "block-3d-where": """\
+program block3w
+param N
+in X : f32[2, N, 4]
+out Y : f32[2, N, 4]
+tile t[i in cdiv(N, 2)]: Y[:, i*2 : +2, :] = where(X[:, i*2 : +2, :] > 0.0, X[:, i*2 : +2, :], 0.5)
+""",
     # compiled for sm_90 by tests/codegen/test_aot.py
     "gpu-only-refusals": (Path(__file__).parent / "reproducers" / "gpu_only_refusals.tds").read_text(),
     "f64-output": """\

@@ -113,14 +113,17 @@ class _Block:
 
     def arange(self, size, axis: int, rank: int) -> str:
         """The arange along one axis of a block of `rank` axes, made once per tile."""
+        if rank > 2:  # as the one-block lowering (body.py); seed 1626's where() over X[i*BN : +BN, j*4 : +4, :]
+            # was lowered with a 2-D block's aranges, and only the sm_90 compile refused it
+            raise b.LoweringError(f"tile '{self.family.name}': blocks of {rank} dimensions are not supported",
+                                  hint="keep at most two ranges in each region; take points (`X[b, i*BM : +BM, :]`) "
+                                       "in the others")
         block = self.block(size)
         key = (block, axis, rank)
         if key not in self.aranges:
             tag = str(block).removeprefix(f"tds_BLOCK_{self.family.name}_")
             kind = "e" if rank == 1 else "r" if axis == 0 else "c"
             name = f"tds_{kind}{tag}" if isinstance(block, int) else f"tds_{kind}_b{tag}"
-            if rank > 2:  # axis n of a block of 3 axes: `tds_d3{n}_16` (seed 1626: they were a 2-D block's)
-                name = f"tds_d{rank}{axis}_{tag}" if isinstance(block, int) else f"tds_d{rank}{axis}_b{tag}"
             self.names.add(name)
             self.aranges[key] = name
             self.head.append(b.Arange(name, block, axis, rank))

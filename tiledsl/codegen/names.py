@@ -20,7 +20,7 @@ HELD = frozenset({
 HELD_PREFIXES = ("tds_peers_", "tds_shmem_", "tds_sig_", "tds_sigpeers_", "tds_sigshmem_", "tds_order_",
                  "tds_count_", "tds_desc_", "tds_trace_", "tds_RUN_", "tds_START_", "tds_PROGRAMS_", "tds_valid_",
                  "tds_BLOCK_", "tds_tile_")
-ARANGE = re.compile(r"tds_([erc](\d+|_b\w*)|d\d+_b?\w+)\Z")  # a block tile's aranges (blocks.py)
+ARANGE = re.compile(r"tds_[erc](\d+|_b\w*)\Z")  # a block tile's aranges (blocks.py)
 
 
 def held(name: str) -> bool:

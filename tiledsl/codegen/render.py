@@ -249,10 +249,9 @@ def dot_operand(value, like) -> str:
 
 
 def expand(statement: body.Arange) -> str:
-    """The indexing that puts an arange on its axis of a block of `rank` axes: `[None, :, None]`."""
     if statement.rank < 2:
         return ""
-    return "[" + ", ".join(":" if n == statement.axis else "None" for n in range(statement.rank)) + "]"
+    return "[:, None]" if statement.axis == 0 else "[None, :]"
 
 
 def apply(statement: body.Apply) -> str:
