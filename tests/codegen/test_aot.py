@@ -226,6 +226,7 @@ def test_what_only_the_sm_90_compile_refused_in_generated_bodies_compiles():
     # generated bodies, seeds 105, 134, 172, 209, 211 and 247 compiled for sm_90 (TDS_BODIES_COMPILES): an fp8
     # product whose K block was 16 (tl.dot takes 32 for 8-bit operands), a product whose K step was a
     # `const BK = 8` (16 at least), a float carried from an i64 block, `i8 / f32` and exp of an i8 block
-    # (div_rn and exp take fp32); emulation runs all of them, only the GPU's compiler refused
+    # (div_rn and exp take fp32); seeds 1354, 1510 and 1762 a cast of a constant (`bf16(0.5)`: a Python
+    # float has no `.to` there); emulation runs all of them, only the GPU's compiler refused
     row = report(build_module(GPU_ONLY_REFUSALS), "sm_90")
     assert row.spill_bytes == 0 and row.shared_bytes < HOPPER_SHARED_BYTES

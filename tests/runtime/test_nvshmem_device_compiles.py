@@ -57,7 +57,8 @@ def test_getmem_and_signal_op_compile_and_link_for_sm90():
 
 def test_a_program_written_for_nodes_compiles_with_its_signals_gets_and_two_level_barrier_for_sm90():
     """A get, a notify lowered to NVSHMEM signals for waiters on other nodes, NVSHMEM's wait after the
-    spin, and the entry barrier's second level: the kernel links with no NVSHMEM symbol left open."""
+    spin, and the entry barrier's second level: the kernel links with no NVSHMEM symbol left open. A put
+    and a get of a const count too (generated bodies, seed 2007: `BN`, a constexpr, has no `.to`)."""
     import textwrap
 
     from tiledsl.api import build_module
@@ -73,16 +74,20 @@ def test_a_program_written_for_nodes_compiles_with_its_signals_gets_and_two_leve
         in   X : f32[M, N]
         out  Y : f32[nodes, M, N]
         symm G : f32[M, N]
+        symm H : f32[BR, N]
         tile  own[i in cdiv(M, BR), j in cdiv(N, BN)]: G[i*BR : +BR, j*BN : +BN] = X[i*BR : +BR, j*BN : +BN]; \\
               Y[node, i*BR : +BR, j*BN : +BN] = X[i*BR : +BR, j*BN : +BN]
         chunk fetch[k in nodes - 1] on nvshmem(4): \\
               G@(((node + 1 + k) mod nodes)*local_world + local_rank)[:, :] -> Y[(node + 1 + k) mod nodes, :, :]
+        chunk push[j in N / BN] on nvshmem(1): X[0, j*BN : +BN] -> H@((rank + local_world) mod world)[0, j*BN : +BN]
+        chunk pull[j in N / BN] on nvshmem(1): G@((rank + local_world) mod world)[0, j*BN : +BN] -> H[1, j*BN : +BN]
         fetch[k] after own[*, *] @ (((node + 1 + k) mod nodes)*local_world + local_rank)
+        pull[j] after own[*, *] @ ((rank + local_world) mod world)
     """))
     ptx = compile_kernel(module).asm["ptx"]
     assert ".extern .func" not in ptx and "nvshmemi_device_state_d" in ptx
     # the calls LLVM keeps out of line (the wait's is inlined into the kernel)
-    assert "nvshmemx_signal_op" in ptx and "nvshmemx_getmem_block" in ptx
+    assert "nvshmemx_signal_op" in ptx and "nvshmemx_getmem_block" in ptx and "nvshmemx_putmem_signal_block" in ptx
 
 
 def test_the_separate_entry_of_a_program_written_for_nodes_links_nvshmem_for_sm90(monkeypatch):

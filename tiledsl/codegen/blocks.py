@@ -113,6 +113,11 @@ class _Block:
 
     def arange(self, size, axis: int, rank: int) -> str:
         """The arange along one axis of a block of `rank` axes, made once per tile."""
+        if rank > 2:  # as the one-block lowering (body.py); seed 1626's where() over X[i*BN : +BN, j*4 : +4, :]
+            # was lowered with a 2-D block's aranges, and only the sm_90 compile refused it
+            raise b.LoweringError(f"tile '{self.family.name}': blocks of {rank} dimensions are not supported",
+                                  hint="keep at most two ranges in each region; take points (`X[b, i*BM : +BM, :]`) "
+                                       "in the others")
         block = self.block(size)
         key = (block, axis, rank)
         if key not in self.aranges:

@@ -30,7 +30,7 @@ def _environment() -> jinja2.Environment:
                              keep_trailing_newline=True)
     # repr() quotes every user-derived string, so a path or message can never become code
     env.filters.update(pyrepr=repr, k=kernel_code, h=host_code, wrap=wrap, operand=operand, apply=apply,
-                       assignment=assignment, dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
+                       tensor_operand=tensor_operand, assignment=assignment, dot_operand=dot_operand, expand=expand, string_float=lambda x: operand(body.Scalar(x)),
                        offset=offset, mask=mask, base=base, cast=cast, params=params, args=call_args,
                        always=always, plus=plus, slot=slot_code, comment=comment, string=string, bad=bad,
                        wait_call=wait_call, tuple_of=tuple_of, params_of=params_of,
@@ -239,6 +239,13 @@ def operand(value) -> str:
             return text if re.fullmatch(r"\w+", text) else f"({text})"  # `0`, `P`: bracketed, an expression
         return f"({kernel_code(value.value)}).to(tl.float32)"
     return value
+
+
+def tensor_operand(value) -> str:
+    """An operand a method is called on (`.to(...)`, a jit function's `x.to`): a scalar made a float32
+    tensor first, since on the GPU's compiler a Python number has no `.to` (generated bodies, seeds 1354,
+    1510 and 1762: `bf16(0.5)`); the interpreter gives the same value either way."""
+    return f"tl.cast({operand(value)}, tl.float32)" if isinstance(value, body.Scalar) else value
 
 
 def dot_operand(value, like) -> str:

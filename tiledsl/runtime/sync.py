@@ -337,7 +337,7 @@ else:
         # the source's symmetric address is that of this rank's copy (of a staged input: the heap copy
         # its peers read, `peers_src[rank]` from the caller's tensor); the rows are here on return
         here = src_ptr + tl.load(peers_src + rank)
-        nbytes = nelems.to(tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        nbytes = tl.cast(nelems, tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
         if nbytes > 0:
             nvshmem_device.getmem_block(dst_ptr, here, nbytes, pe)
 
@@ -362,7 +362,7 @@ else:
     @triton.jit
     def put_signal(dst_ptr, src_ptr, nelems, sig_ptr, epoch, pe, peers_dst, peers_sig, BLOCK: tl.constexpr):
         # NVSHMEM orders the data before the signal on the target PE; the signal slot is symmetric
-        nbytes = nelems.to(tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        nbytes = tl.cast(nelems, tl.int64) * (dst_ptr.dtype.element_ty.primitive_bitwidth // 8)
         if nbytes > 0:
             nvshmem_device.putmem_signal_block(dst_ptr, src_ptr, nbytes, sig_ptr, epoch,
                                                nvshmem_device.NVSHMEM_SIGNAL_SET, pe)

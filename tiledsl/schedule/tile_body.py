@@ -12,9 +12,13 @@ from __future__ import annotations
 import sympy
 
 from tiledsl.grammar import ast
-from tiledsl.grammar.parser import identifier_problem
+from tiledsl.grammar.parser import RESERVED, identifier_problem
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import INTEGER, integral, same, shape_text
+
+
+# generated bodies, seed 1782: a block's `range = 0` shadowed the Python built-in its kernel's loops call
+_BUILT_IN = "'{}' is a built-in name (the language's, or a Python built-in the kernel calls); a tile's block cannot bind it"
 
 
 class TileBody:
@@ -152,6 +156,9 @@ class TileBody:
                 "built in" if name.id in ("rank", "inf") else "declared in the program"
             self.b.fail(f"'{name.id}' is {what}; a tile's block binds names of its own", name.span)
             return False
+        if name.id in RESERVED:
+            self.b.fail(_BUILT_IN.format(name.id), name.span)
+            return False
         if name.id in {v.name.id for v in self.decl.indices} or name.id in {str(v) for v in self.loop_vars}:
             self.b.fail(f"'{name.id}' is an index here and cannot be rebound", name.span)
             return False
@@ -189,8 +196,9 @@ class TileBody:
         """A loop and the state it carries, its body built by `build(statements, out)`."""
         extent = self.b.size(statement.extent, self.scope)
         name = statement.var.id
-        if identifier_problem(name) is not None:
-            self.b.fail(identifier_problem(name), statement.var.span)
+        problem = identifier_problem(name) or (_BUILT_IN.format(name) if name in RESERVED else None)
+        if problem is not None:
+            self.b.fail(problem, statement.var.span)
             return None
         if self.scope.lookup(name) is not None or name in self.v.locals or name in self.b.tensors:
             self.b.fail(f"loop variable '{name}' shadows another name", statement.var.span)

@@ -14,7 +14,17 @@ from tiledsl.runtime.specs import host_table
 
 def compile_report(source, arch: str = "sm_90", consts: dict | None = None) -> str:
     """`tiledsl build FILE --arch sm_90`: compile every kernel and return the table as text."""
-    module = build_module(source, consts)
+    row = checked_report(source, build_module(source, consts), arch, consts)
+    header = f"{'kernel':40} {'regs':>5} {'smem':>8} {'spills':>7} {'HGMMA':>6} {'cubin':>8}"
+    hgmma = str(row.hgmma) if row.sass else "n/a"
+    line = f"{row.name:40} {row.registers:5d} {row.shared_bytes:8d} {row.spill_bytes:7d} {hgmma:>6} {row.cubin_bytes:8d}"
+    return f"{header}\n{line}\n(arch {arch})"
+
+
+def checked_report(source, module, arch: str = "sm_90", consts: dict | None = None):
+    """The resource table (aot.report) of `module`, built from `source`, for `arch`; a kernel that cannot be
+    compiled (a block over Triton's element limit) or launched (shared memory) is a TdsError at the tile
+    responsible. What `tiledsl build --arch` reports, and what the generated bodies' compiles judge."""
     try:
         row = report(module, arch)
     except Exception as why:  # noqa: BLE001 - only Triton's element limit is ours to word; the rest re-raises
@@ -23,10 +33,7 @@ def compile_report(source, arch: str = "sm_90", consts: dict | None = None) -> s
         raise _block_too_large(source, module, arch, consts) from why
     if row.shared_bytes > gpus.for_arch(arch).shared_bytes:
         raise _too_much_shared_memory(source, module, arch, consts, row.shared_bytes)
-    header = f"{'kernel':40} {'regs':>5} {'smem':>8} {'spills':>7} {'HGMMA':>6} {'cubin':>8}"
-    hgmma = str(row.hgmma) if row.sass else "n/a"
-    line = f"{row.name:40} {row.registers:5d} {row.shared_bytes:8d} {row.spill_bytes:7d} {hgmma:>6} {row.cubin_bytes:8d}"
-    return f"{header}\n{line}\n(arch {arch})"
+    return row
 
 
 NUMEL = re.compile(r"numel \((\d+)\) exceeds triton maximum tensor numel \((\d+)\)")
