@@ -467,6 +467,12 @@ class Program(Issuing):
     def _specs(self) -> dict:
         return {spec.name: spec for spec in self.module.tds_TENSORS}
 
+    @functools.cached_property
+    def _own_offsets(self) -> torch.Tensor:
+        """The peer table of a tensor read where the caller has it (`_reads_own`): one offset, 0; made
+        once, not at every rebinding (a functional op's call would launch a fill for it)."""
+        return torch.zeros(1, dtype=torch.int64, device=self.device)
+
     def _reads_own(self, spec) -> bool:
         """Alone (world 1) an `in` tensor that the kernel reads through peer pointers is read where the
         caller has it: the only rank is this one, so its peer table is one offset, 0, and nothing is
@@ -486,7 +492,7 @@ class Program(Issuing):
             return views[arg.of]
         if kind is Kind.PEERS:
             if arg.of not in shared and self._reads_own(self._specs[arg.of]):
-                return torch.zeros(1, dtype=torch.int64, device=self.device)  # rank 0 is this one: the tensor itself
+                return self._own_offsets  # rank 0 is this one: the tensor itself
             return self._peer_offsets(views[arg.of], shared.get(arg.of))
         if kind is Kind.SIGNALS:
             return res.signals[arg.of]
