@@ -6,6 +6,8 @@
 #                                        attention (SP prefill and decode: checks, then benchmarks, at
 #                                        ATTENTION_WORLDS, default 2) moe (MoE checks and benchmark, world 2)
 #                                        moe_speed (group_gemm and ag_group_gemm at world 1, block variants)
+#                                        latency (world 1: MoE dispatch/combine, skinny products, the call)
+#                                        ws (the causal warp-specialized attention tile's variants)
 #                                        nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
@@ -163,6 +165,13 @@ for stage in $stages; do
       run "moe_world$pair" 300 torchrun --nproc-per-node="$pair" bench/bench_moe.py ;;
     moe_speed)  # the grouped GEMM and AG + grouped GEMM alone, at world 1, the blocks side by side
       run moe_speed_world1 240 torchrun --nproc-per-node=1 bench/experiments/moe_speed.py ;;
+    latency)  # issue 27's figures at world 1: MoE dispatch/combine and their traces, skinny products, the call
+      run latency_world1 300 env OUT="$OUT" PROBE_BUDGET_S="${PROBE_BUDGET_S:-240}" \
+        torchrun --nproc-per-node=1 bench/experiments/latency_probe.py
+      grep '^TABLE' "$OUT/latency_world1.log" ;;
+    ws)  # the causal warp-specialized attention tile's variants, each checked and timed beside cuDNN
+      run ws_probe 200 python3 bench/experiments/ws_probe.py
+      grep '^|' "$OUT/ws_probe.log" ;;
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do

@@ -150,3 +150,14 @@ def test_the_programs_stage_runs_every_world_then_prints_the_table(tmp_path):
     assert code == 0, out
     assert [line.split()[:4] for line in out.splitlines()[-2:-1]] == [["programs", "0", "2", "0"]], out
     assert "ranks" not in (tmp_path / "out" / "programs.log").read_text()  # one driver, which starts the torchruns
+
+
+def test_the_latency_and_ws_stages_run_at_world_1_and_print_their_tables(tmp_path):
+    code, out = gpu_all(tmp_path, ["latency", "ws"], {
+        "latency_probe": "moe T=128 dispatch 59.4 us a call\nTABLE moe T=128 dispatch+combine = d + c 118.5\n",
+        "ws_probe": "| variant | ms | of cuDNN | verdict |\n| masked | 0.800 | 0.66x | right |\n"}, STUB_GPUS="1")
+    assert code == 0, out
+    assert "TABLE moe T=128 dispatch+combine = d + c 118.5" in out
+    assert "| masked | 0.800 | 0.66x | right |" in out
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[-3:-1]}
+    assert rows == {"latency_world1": ["0", "0"], "ws_probe": ["0", "0"]}
