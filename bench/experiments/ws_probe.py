@@ -28,7 +28,6 @@ at 4K tokens (8%).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +37,8 @@ import torch
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from common import time_ms  # noqa: E402
 SOURCE = (HERE / "attention_causal_masked.tds").read_text()
 WS = {"WS": 1, "TMA": 2, "WARPS": 4, "STAGES": 2}
 LOOP = "    for c in min(cdiv(S, BN), cdiv((i + 1)*BM, BN)):     # key blocks to the diagonal"
@@ -193,20 +194,6 @@ def reference(q, k, v, nomask: bool):
     return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed).transpose(1, 2)
 
 
-def median_ms(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def where_wrong(got, want):
     bad = (got.float() - want).abs() > 0.02 * want.abs() + 0.02 * want.abs().max().item()  # bench's rule
     n = int(bad.sum())
@@ -239,7 +226,7 @@ def main():
     wants = {False: reference(q, k, v, False), True: None}
     views = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        cudnn = median_ms(lambda: F.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True))
+        cudnn = time_ms(lambda: F.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True))
     print(f"cuDNN causal S={S}: {cudnn:.3f} ms", flush=True)
     rows = []
     for label in chosen:
@@ -263,7 +250,7 @@ def main():
         torch.cuda.synchronize()
         same = torch.equal(first.view(torch.int16), out.view(torch.int16))
         n2, _ = where_wrong(out, want)
-        t = median_ms(lambda: program(*tensors))
+        t = time_ms(lambda: program(*tensors))
         verdict = "right" if n == 0 and n2 == 0 else f"WRONG ({n}, then {n2}; {'same bits' if same else 'bits differ: a race'})"
         print(f"{label}: {t:.3f} ms ({cudnn / t:.2f}x of cuDNN) {verdict}" + (f"\n    {where}" if where else ""),
               flush=True)

@@ -42,19 +42,24 @@ def test_gemm_rs_through_the_copy_engine_matches_the_reference_on_ragged_sizes(w
     assert verdicts and all(v.ok for v in verdicts), "\n".join(v.line() for v in verdicts)
 
 
-def _rank_without_mm(heap):
-    import tiledsl
+def _outcome(heap, program, *tensors) -> str:
+    """One call on an emulated rank: "finished", or the message of the ScheduleTimeout it ended in."""
     from tiledsl.runtime.launch import ScheduleTimeout
-    program = tiledsl.compile(os.fspath(GEMM_RS_CE), heap, emulated=True, wait_timeout_s=0.2, skip=("mm",),
-                              dtype_override={k: getattr(torch, v) for k, v in EMULATED_DTYPES.items()})
-    M, K, N = 256 * heap.world, 64, 256
     try:
-        program(torch.randn(M, K), torch.randn(K, N), torch.empty(M // heap.world, N))
+        program(*tensors)
         return "finished"
     except ScheduleTimeout as timeout:
         return str(timeout)
     finally:
         heap.close()
+
+
+def _rank_without_mm(heap):
+    import tiledsl
+    program = tiledsl.compile(os.fspath(GEMM_RS_CE), heap, emulated=True, wait_timeout_s=0.2, skip=("mm",),
+                              dtype_override={k: getattr(torch, v) for k, v in EMULATED_DTYPES.items()})
+    M, K, N = 256 * heap.world, 64, 256
+    return _outcome(heap, program, torch.randn(M, K), torch.randn(K, N), torch.empty(M // heap.world, N))
 
 
 @pytest.mark.emulated
@@ -102,17 +107,10 @@ def test_a_wait_on_every_tile_of_a_peer_counts_into_each_ranks_copy_and_waits_on
 
 def _lm_head_without_rank1_mm(heap):
     import tiledsl
-    from tiledsl.runtime.launch import ScheduleTimeout
     program = tiledsl.compile(os.fspath(LM_HEAD), heap, emulated=True, wait_timeout_s=0.3,
                               skip=("mm",) if heap.rank == 1 else ())
     T, D, V = 20, 24, 40 * heap.world
-    try:
-        program(torch.randn(T, D), torch.randn(D, V // heap.world), torch.empty(T, V))
-        return "finished"
-    except ScheduleTimeout as timeout:
-        return str(timeout)
-    finally:
-        heap.close()
+    return _outcome(heap, program, torch.randn(T, D), torch.randn(D, V // heap.world), torch.empty(T, V))
 
 
 @pytest.mark.emulated

@@ -22,9 +22,9 @@ def install() -> None:
     from triton.runtime import interpreter
 
     builder = interpreter.interpreter_builder
-    if getattr(builder, "_tiledsl_bool_fix", False):
+    if getattr(builder, "_tiledsl_fixes", False):
         return
-    builder._tiledsl_bool_fix = True
+    builder._tiledsl_fixes = True
     create_dot = builder.create_dot
 
     def widened(handle):

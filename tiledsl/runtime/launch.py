@@ -180,12 +180,12 @@ class Program(Issuing):
         res = Resources()
         for spec in self.module.tds_TENSORS:
             dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
-            if spec.staged and self._reads_own(spec):
-                pass  # read where the caller has it (`_reads_own`)
-            elif spec.staged:
+            if spec.staged:
                 # Staged inputs are written before the entry barrier, while peers may still be reading
-                # the previous call's copy: two buffers, alternating by epoch, keep those apart.
-                res.tensors[spec.name] = [self.heap.alloc(shapes[spec.name], dtype) for _ in range(2)]
+                # the previous call's copy: two buffers, alternating by epoch, keep those apart (none
+                # for one read where the caller has it, `_reads_own`).
+                if not self._reads_own(spec):
+                    res.tensors[spec.name] = [self.heap.alloc(shapes[spec.name], dtype) for _ in range(2)]
             elif spec.role == "symm":
                 res.tensors[spec.name] = self.heap.alloc(shapes[spec.name], dtype)
             elif spec.role == "local":
