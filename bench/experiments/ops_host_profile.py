@@ -3,9 +3,10 @@
 (hidden 7168, 256 experts, top 8):
 
   1. GPU time per call, back to back (CUDA events, median of windows), of: the op with its program path
-     forced; the program called directly with the same tensors (a CUDA-graph replay); the program with
-     new output tensors every call (a prepared call rebound, no graph); that and `release()` after
-     every call, as tiledsl.ops does;
+     forced (eagerly: without torch's dispatcher since 2026-12-04; through torch.ops.tiledsl; recorded
+     into the caller's CUDA graph); the program called directly with the same tensors (a CUDA-graph
+     replay); the program with new output tensors every call (a prepared call rebound, no graph); that
+     and `release()` after every call, as tiledsl.ops does;
   2. host time per call of each (no synchronisation between calls);
   3. cProfile of 200 op calls: the Python functions that take the host's time;
   4. torch.profiler of 20 op calls: CPU ops and the kernels on the GPU, by self time.
@@ -115,8 +116,22 @@ def main() -> int:
         if release:
             dispatch.release()
 
+    group = ops.group_name(None)
+    # the op recorded into the caller's CUDA graph (as a model's captured decode step would): its GPU time
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        graph_recv, graph_count = ops.moe_dispatch(X, ids, NE, C, impl="moe_dispatch")
+    graph_recv.fill_(float("nan"))
+    captured.replay()
+    torch.cuda.synchronize()
+    bad = mismatch(graph_recv[rows], want_recv[rows], 1e-3) or (
+        None if torch.equal(graph_count, want_count) else "counts")
+    say(f"{'FAIL' if bad else 'PASS'} ops dispatch in the caller's CUDA graph against torch's path {bad or ''}")
     fns = {
         "ops dispatch (program path)": lambda: ops.moe_dispatch(X, ids, NE, C, impl="moe_dispatch"),
+        "ops dispatch in the caller's CUDA graph": captured.replay,
+        "ops dispatch through torch.ops.tiledsl (the dispatcher)":
+            lambda: torch.ops.tiledsl.moe_dispatch(X, ids, NE, C, group, "moe_dispatch", None, 1),
         "dispatch program, same tensors": lambda: dispatch(X, ids, recv, count, slot, check=False),
         "dispatch program, new outputs": lambda: fresh_dispatch(),
         "dispatch program, new outputs + release": lambda: fresh_dispatch(release=True),

@@ -10,6 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tiledsl.ops as ops
+from tiledsl.ops import torch_ops
 
 SHAPED = {  # op -> (arguments before group_name, arguments after it, the output's shape at world 4)
     "all_gather_matmul": (((3, 8), (8, 5)), (0, None, None), (12, 5)),
@@ -42,10 +43,7 @@ def test_the_functions_pass_the_group_size(name, monkeypatch):
     monkeypatch.setattr(ops, "group_name", lambda group: "g")
     monkeypatch.setattr(ops, "world_size", lambda group: 6)
 
-    class Recorder:
-        def __getattr__(self, op):
-            return lambda *args: seen.append((op, args[-1]))
-    monkeypatch.setattr(torch.ops, "tiledsl", Recorder())
+    monkeypatch.setattr(torch_ops, "call", lambda op, *args: seen.append((op, args[-1])))
     x = torch.zeros(4, 4)
     args = {"moe_dispatch": (x, torch.zeros(4, 2, dtype=torch.int64), 2, 4)}.get(name, (x, x) if "matmul" in name
                                                                                   else (x,))

@@ -3,7 +3,8 @@
     y = tiledsl.ops.all_gather_matmul(x_shard, w)        # all_gather(x_shard) @ w, fused where faster
     z = tiledsl.ops.matmul_reduce_scatter(y, w2)         # reduce_scatter(y @ w2)
 
-Each is a `torch.ops.tiledsl.*` custom op (torch.compile traces through it), takes a process group
+Each is a `torch.ops.tiledsl.*` custom op (torch.compile traces through it; an eager call on plain
+tensors runs the op's body without torch's dispatcher, `torch_ops.call`), takes a process group
 (default: the default group) and any fp16, bf16 or fp32 tensors of any shape torch's own ops accept,
 and returns new tensors. The first call in each shape bucket measures the fused programs, their
 tunables and the plain torch + collective path, and keeps the fastest (`explain()` shows the choice
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from tiledsl.ops import torch_ops  # noqa: F401 - registers torch.ops.tiledsl.*
+from tiledsl.ops import torch_ops  # registers torch.ops.tiledsl.*; torch_ops.call runs them
 from tiledsl.ops.context import STATE, Settings, group_name, use_heap, world_size
 from tiledsl.ops.dispatch import LAST, explain, reset
 from tiledsl.ops.timers import event_timer, graph_timer, wall_timer
@@ -40,39 +41,39 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group=None, *, gat
 
     a_shard [..., K] is this rank's shard (every rank's the same shape), b [K, N] (any layout: a
     weight stored [N, K] is passed as `w.t()`, and copied once into the layout the programs need)."""
-    return torch.ops.tiledsl.all_gather_matmul(a_shard, b, group_name(group), gather_dim, impl, tune,
-                                               world_size(group))
+    return torch_ops.call("all_gather_matmul", a_shard, b, group_name(group), gather_dim, impl, tune,
+                          world_size(group))
 
 
 def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, scatter_dim: int = 0,
                           impl: str | None = None, tune: bool | None = None) -> torch.Tensor:
     """reduce_scatter(a @ b, along scatter_dim): a row-parallel layer under sequence parallelism;
     a [..., K/world] and b [K/world, N] hold this rank's share of K."""
-    return torch.ops.tiledsl.matmul_reduce_scatter(a, b, group_name(group), scatter_dim, impl, tune,
-                                                   world_size(group))
+    return torch_ops.call("matmul_reduce_scatter", a, b, group_name(group), scatter_dim, impl, tune,
+                          world_size(group))
 
 
 def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None, *, impl: str | None = None,
                       tune: bool | None = None) -> torch.Tensor:
     """all_reduce(a @ b): a row-parallel layer without sequence parallelism (decode)."""
-    return torch.ops.tiledsl.matmul_all_reduce(a, b, group_name(group), impl, tune)
+    return torch_ops.call("matmul_all_reduce", a, b, group_name(group), impl, tune)
 
 
 def all_reduce(x: torch.Tensor, group=None, *, impl: str | None = None, tune: bool | None = None) -> torch.Tensor:
     """The sum of x over the group's ranks, as a new tensor."""
-    return torch.ops.tiledsl.all_reduce(x, group_name(group), impl, tune)
+    return torch_ops.call("all_reduce", x, group_name(group), impl, tune)
 
 
 def all_gather(x: torch.Tensor, group=None, *, gather_dim: int = 0, impl: str | None = None,
                tune: bool | None = None) -> torch.Tensor:
     """Every rank's x, concatenated along gather_dim in rank order."""
-    return torch.ops.tiledsl.all_gather(x, group_name(group), gather_dim, impl, tune, world_size(group))
+    return torch_ops.call("all_gather", x, group_name(group), gather_dim, impl, tune, world_size(group))
 
 
 def reduce_scatter(x: torch.Tensor, group=None, *, scatter_dim: int = 0, impl: str | None = None,
                    tune: bool | None = None) -> torch.Tensor:
     """This rank's block (along scatter_dim) of the sum of x over the group's ranks."""
-    return torch.ops.tiledsl.reduce_scatter(x, group_name(group), scatter_dim, impl, tune, world_size(group))
+    return torch_ops.call("reduce_scatter", x, group_name(group), scatter_dim, impl, tune, world_size(group))
 
 
 def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, group=None, *,
@@ -80,7 +81,7 @@ def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                        tune: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """h = all_reduce(x) + residual; returns (rmsnorm(h) * weight, h), the norm over the last
     dimension in float32: what follows a row-parallel attention or MLP block."""
-    return torch.ops.tiledsl.all_reduce_rmsnorm(x, residual, weight, group_name(group), eps, impl, tune)
+    return torch_ops.call("all_reduce_rmsnorm", x, residual, weight, group_name(group), eps, impl, tune)
 
 
 def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, group=None, *,
@@ -91,7 +92,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.
     share may be short or empty). Returns softmax(q k^T / sqrt(D)) v [B, H, D] on every rank, with
     query head h reading KV head h // (H / HKV); a sequence of length 0 gives 0. The fused path is
     programs/flash_decode.tds (head dimension 128)."""
-    return torch.ops.tiledsl.flash_decode(q, k, v, lens, group_name(group), impl, tune)
+    return torch_ops.call("flash_decode", q, k, v, lens, group_name(group), impl, tune)
 
 
 def sp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None, *, impl: str | None = None,
@@ -102,7 +103,7 @@ def sp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None, 
     attends to every key at or before its position in the whole sequence, query head h to KV head
     h // (H / HKV). The fused path is programs/sp_ag_attention.tds (head dimension 128): K and V are
     gathered a piece at a time by the copy engine while the attention consumes them."""
-    return torch.ops.tiledsl.sp_attention(q, k, v, group_name(group), impl, tune)
+    return torch_ops.call("sp_attention", q, k, v, group_name(group), impl, tune)
 
 
 def moe_dispatch(x: torch.Tensor, ids: torch.Tensor, experts_per_rank: int, capacity: int, group=None, *,
@@ -113,8 +114,8 @@ def moe_dispatch(x: torch.Tensor, ids: torch.Tensor, experts_per_rank: int, capa
     this rank's expert e, token by token; rows past the count are unspecified. C is `capacity`; a count
     above it raises tiledsl.runtime.issue.CapacityExceeded. The programs' path makes no host
     synchronisation (a CUDA graph can replay it with new routings); torch's exchanges the splits."""
-    return torch.ops.tiledsl.moe_dispatch(x, ids, experts_per_rank, capacity, group_name(group), impl, tune,
-                                          world_size(group))
+    return torch_ops.call("moe_dispatch", x, ids, experts_per_rank, capacity, group_name(group), impl, tune,
+                          world_size(group))
 
 
 def moe_combine(y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, group=None, *, impl: str | None = None,
@@ -122,7 +123,7 @@ def moe_combine(y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, group
     """The reverse of moe_dispatch: y [E, world, C, H] the experts' outputs for the rows as dispatch
     delivered them, ids and weights [T, K] this rank's routing. Returns [T, H], each token's sum over
     its top-k of weight * its expert's output (weighted in float32)."""
-    return torch.ops.tiledsl.moe_combine(y, ids, weights, group_name(group), impl, tune)
+    return torch_ops.call("moe_combine", y, ids, weights, group_name(group), impl, tune)
 
 
 def configure(**settings) -> None:

@@ -20,8 +20,37 @@ from tiledsl.ops.shapes import MULTIPLIED, normalise_dim
 NAMESPACE = "tiledsl"
 
 
+IMPLS: dict = {}  # op name -> its Python body, which the custom op runs (and `call` may run directly)
+
+
 def _op(name: str):
-    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())
+    def register(fn):
+        IMPLS[name] = fn
+        return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())(fn)
+    return register
+
+
+def call(name: str, *args):
+    """One op call, as tiledsl.ops' functions make it. Eagerly, on plain tensors that need no gradient,
+    with no torch mode, functorch transform or profiler active, the op's body runs directly: torch's
+    custom-op dispatch adds nothing there (no autograd formula, no fake tensor, nothing to trace) and
+    cost ~20 us a call on this repository's CPU and ~75 us on the H200 machine's (2026-12-04,
+    bench/experiments/ops_host_profile.py), more than a small program's GPU time. Everything else goes
+    through torch.ops.tiledsl.* as before, so torch.compile, FakeTensorMode and autograd see the op."""
+    if direct(args):
+        return IMPLS[name](*args)
+    return getattr(torch.ops.tiledsl, name)(*args)
+
+
+def direct(args) -> bool:
+    """Whether a call with `args` may skip torch's dispatcher (see `call`)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
+            torch._C._len_torch_function_stack() or torch._C._are_functorch_transforms_active() or \
+            torch.autograd._profiler_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    return all(type(a) is torch.Tensor and not (grad and a.requires_grad)
+               for a in args if isinstance(a, torch.Tensor))
 
 
 def _resized(x: Tensor, dim: int, why: str | None, factor: int, last: int | None = None) -> Tensor:
