@@ -8,6 +8,7 @@
 #                                        moe_speed (group_gemm and ag_group_gemm at world 1, block variants)
 #                                        latency (world 1: MoE dispatch/combine, skinny products, the call)
 #                                        ws (the causal warp-specialized attention tile's variants)
+#                                        calibrate (`tiledsl calibrate`: the predictor's rates measured here)
 #                                        nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
@@ -169,6 +170,9 @@ for stage in $stages; do
       run latency_world1 300 env OUT="$OUT" PROBE_BUDGET_S="${PROBE_BUDGET_S:-240}" \
         torchrun --nproc-per-node=1 bench/experiments/latency_probe.py
       grep '^TABLE' "$OUT/latency_world1.log" ;;
+    calibrate)  # issue 29: the predictor's rates measured on this GPU (one GPU shows them), each output checked
+      run calibrate 240 python3 -m tiledsl calibrate -o "$OUT/rates_measured.json"
+      grep -v -E '^ +"(M|K|N|tiledsl)"' "$OUT/rates_measured.json" 2>/dev/null | head -24 ;;
     ws)  # the causal warp-specialized attention tile's variants, each checked and timed beside cuDNN
       run ws_probe 200 python3 bench/experiments/ws_probe.py
       grep '^|' "$OUT/ws_probe.log" ;;

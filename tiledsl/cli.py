@@ -191,6 +191,21 @@ def cmd_predict(args) -> int:
     return _guarded(args.file, predict)
 
 
+def cmd_calibrate(args) -> int:
+    def calibrate() -> int:
+        from tiledsl.predict.calibrate import run_measured
+        from tiledsl.predict.measure import CalibrationError
+        try:
+            return run_measured(args.output, args.base, log=lambda line: print(line, file=sys.stderr))
+        except CalibrationError as why:
+            print(f"tiledsl calibrate: {why}", file=sys.stderr)
+            return UNAVAILABLE
+        except ValueError as why:  # --base names no rates file
+            return _usage_error(str(why))
+
+    return _guarded("calibrate", calibrate)
+
+
 # ---- errors: diagnostics, missing parts, bugs ----------------------------------------------------
 
 def _guarded(path: str, action, *args) -> int:
@@ -401,13 +416,26 @@ def _parser() -> argparse.ArgumentParser:
                          help="a param size (repeatable); the others get small defaults")
     predict.add_argument("-D", dest="define", metavar="NAME=VALUE", type=_assignment, action="append", default=[],
                          help="set a const or tunable size (repeatable)")
-    predict.add_argument("--rates", metavar="FILE.json", help="the GPU's rates (default: H200's, "
-                                                              "tiledsl/predict/h200.json)")
+    predict.add_argument("--rates", metavar="FILE.json|MODEL", help="the GPU's rates: a file, or a GPU model "
+                                                                    "(its `tiledsl calibrate` file, else a shipped "
+                                                                    "one; default: H200's, tiledsl/predict/h200.json)")
     predict.add_argument("--link", metavar="NAME=VALUE", action="append", default=[],
                          help="override one rate (repeatable): nvlink_gbps=900, ib_gbps=25, copy_engines=2, ...")
     predict.add_argument("-o", "--output", metavar="OUT", help="also write OUT.json (Perfetto, marked predicted) "
                                                                "and OUT.png")
     predict.set_defaults(handler=cmd_predict)
+
+    calibrate = commands.add_parser("calibrate", help="measure this GPU's rates for `tiledsl predict`",
+                                    description="Measure, on the GPU this machine has, what the predictor's model "
+                                                "needs (a call's floor, memory and copy-engine bandwidth, the "
+                                                "product tile's rates), each output checked, and write the GPU "
+                                                "model's rates file (links keep their documented figures).")
+    calibrate.add_argument("-o", "--output", metavar="FILE.json", help="where to write (default: the GPU model's "
+                                                                       "file in $TILEDSL_RATES_DIR or "
+                                                                       "~/.cache/tiledsl/rates)")
+    calibrate.add_argument("--base", metavar="FILE.json", help="the rates the unmeasured figures come from "
+                                                               "(default: H200's)")
+    calibrate.set_defaults(handler=cmd_calibrate)
     return parser
 
 

@@ -161,3 +161,11 @@ def test_the_latency_and_ws_stages_run_at_world_1_and_print_their_tables(tmp_pat
     assert "| masked | 0.800 | 0.66x | right |" in out
     rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[-3:-1]}
     assert rows == {"latency_world1": ["0", "0"], "ws_probe": ["0", "0"]}
+
+
+def test_the_calibrate_stage_measures_the_rates_into_out(tmp_path):
+    code, out = gpu_all(tmp_path, ["calibrate"], STUB_GPUS="1")
+    assert code == 0, out
+    assert f"args: -m tiledsl calibrate -o {tmp_path / 'out' / 'rates_measured.json'}" in (tmp_path / "out" /
+                                                                                          "calibrate.log").read_text()
+    assert out.splitlines()[-2].split()[:2] == ["calibrate", "0"]

@@ -1,14 +1,19 @@
-"""The product tile's rates refitted from measured figures, on the CPU: least squares over the rows of
-a `gemm_tile.json` (tiledsl's product tile alone on one GPU, communication off) of
+"""The predictor's rates for a GPU, measured on it (`tiledsl calibrate`) or refitted from figures
+measured before (on the CPU). The product tile's two rates are least squares over timed products of
+programs/gemm.tds of
 
     time = call_us + waves * (tile_fixed_us + 2 * BM * BN * K / sm_tflops)
 
-with waves = ceil(tiles / sms), as the persistent kernel runs them. Writes a rates file with the two
-refitted and every other rate copied from the base file:
+with waves = ceil(tiles / sms), as the persistent kernel runs them.
 
+    tiledsl calibrate [-o FILE]      on a GPU: measure what one GPU can show (measure.py) and write
+                                     the rates, by default to the GPU model's file in the rates folder
+                                     (rates.RATES_DIR), which `tiledsl predict --rates MODEL` reads
     python -m tiledsl.predict.calibrate [bench/results/2026-11-29/gemm_tile.json] [-o rates.json]
+                                     refit the tile's two rates from a gemm_tile.json, the rest copied
 
-Measuring on a GPU (the copy engine's and SM stores' bandwidth, a call's floor) is a later step."""
+Links between GPUs (NVLink, IB) cannot be measured on one GPU: they stay the base file's documented
+figures, which a user overrides with `--link NAME=VALUE`."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +22,7 @@ import math
 import sys
 from pathlib import Path
 
-from tiledsl.predict.rates import DEFAULT
+from tiledsl.predict.rates import DEFAULT, FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TILE_JSON = ROOT / "bench" / "results" / "2026-11-29" / "gemm_tile.json"
@@ -38,6 +43,43 @@ def fit_tile(rows: list[dict], sms: int, call_us: float) -> tuple[float, float]:
     det = sxx * syy - sxy * sxy
     fixed, per_mflop = (sx * syy - sy * sxy) / det, (sxx * sy - sxy * sx) / det
     return fixed, 1.0 / per_mflop  # MFLOP per us is TFLOP/s
+
+
+def calibrated(base: dict, measured: dict, when: str) -> dict:
+    """The rates file `base` (its every field and source) with what `measure.measure()` found put in:
+    each measured field's source says when, on which GPU and how; the rest keep theirs."""
+    rates, sources = measured["rates"], measured["sources"]
+    out = {**base, **{k: v for k, v in rates.items() if k in FIELDS}}
+    said = f"measured by tiledsl calibrate on {when} on an {rates['gpu']}"
+    out["sources"] = {**base.get("sources", {}), **{k: f"{said}: {v}" for k, v in sources.items()}}
+    for key in [k for k in out["sources"] if k not in sources and k.split(",")[0] in rates]:
+        del out["sources"][key]  # a base source of a field measured under a joint key
+    out["measured_products"] = rates.get("products", [])
+    return out
+
+
+def run_measured(output: str | None, base_path: str | None = None, log=print) -> int:
+    """`tiledsl calibrate`: measure this GPU, write its model's rates file (or `output`)."""
+    import datetime
+
+    from tiledsl.predict.measure import measure
+    from tiledsl.predict.rates import find, model_file
+    measured = measure(log=log)
+    found, rows = measured["rates"], measured["rates"].get("products", [])
+    if len(rows) >= 2:  # two unknowns
+        fixed, rate = fit_tile(rows, found["sms"], found.get("call_us", 0.0))
+        found["tile_fixed_us"], found["sm_tflops"] = round(fixed, 2), round(rate, 2)
+        measured["sources"]["tile_fixed_us, sm_tflops"] = (
+            f"least squares over programs/gemm.tds at {len(rows)} products (BM={BM}, BN={BN}): time = call_us + "
+            "waves * (tile_fixed_us + 2*BM*BN*K / sm_tflops)")
+    base = json.loads(find(base_path).read_text())
+    data = calibrated(base, measured, datetime.date.today().isoformat())
+    path = Path(output) if output else model_file(data["gpu"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    changed = ", ".join(f"{k} {base.get(k)} -> {data[k]}" for k in FIELDS if k in measured["rates"] and k != "gpu")
+    log(f"{data['gpu']}: wrote {path} ({changed}); `tiledsl predict --rates {path}` uses it")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT = Path(__file__).with_name("h200.json")
+SHIPPED = {"NVIDIA H200": DEFAULT}
+# where `tiledsl calibrate` writes a GPU model's measured rates, one file a model
+RATES_DIR = Path(os.environ.get("TILEDSL_RATES_DIR", Path.home() / ".cache" / "tiledsl" / "rates"))
 
 
 @dataclass(frozen=True)
@@ -44,9 +49,32 @@ class Rates:
 FIELDS = tuple(f.name for f in dataclasses.fields(Rates))
 
 
+def model_file(gpu: str) -> Path:
+    """The file `tiledsl calibrate` writes for the GPU model `gpu` ("NVIDIA H200" -> nvidia-h200.json)."""
+    return RATES_DIR / (re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + ".json")
+
+
+def find(name: str | Path | None) -> Path:
+    """A rates file: `name` itself if it is one, else the GPU model it names (its calibrated file in
+    RATES_DIR first, then a shipped one: "H200"), else H200's shipped file for None."""
+    if name is None:
+        return DEFAULT
+    if Path(name).is_file():
+        return Path(name)
+    text = str(name)
+    for gpu in (text, f"NVIDIA {text}"):
+        if model_file(gpu).is_file():
+            return model_file(gpu)
+        if gpu.upper() in {k.upper() for k in SHIPPED}:
+            return next(path for k, path in SHIPPED.items() if k.upper() == gpu.upper())
+    known = sorted({*SHIPPED, *(p.stem for p in RATES_DIR.glob("*.json"))}) if RATES_DIR.is_dir() else sorted(SHIPPED)
+    raise ValueError(f"no rates file or GPU model named {text!r}: give a rates .json, or one of {', '.join(known)} "
+                     f"(`tiledsl calibrate` on a GPU writes its model's file into {RATES_DIR})")
+
+
 def load(path: str | Path | None = None, overrides: dict[str, float] | None = None) -> Rates:
-    """The rates in `path` (default: H200's), with `overrides` by field name."""
-    data = json.loads(Path(path or DEFAULT).read_text())
+    """The rates in `path` (a file or a GPU model, `find`; default: H200's), with `overrides` by field name."""
+    data = json.loads(find(path).read_text())
     values = {k: v for k, v in data.items() if k in FIELDS}
     for name, value in (overrides or {}).items():
         if name not in FIELDS or name == "gpu":

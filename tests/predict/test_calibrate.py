@@ -1,0 +1,66 @@
+"""`tiledsl calibrate` (measuring on a GPU) from the CPU's side: what it writes from a measurement, where,
+how `tiledsl predict --rates` finds it again, and its refusal on a machine without a GPU. The
+measurement itself runs only on a GPU (`bash bench/gpu_all.sh calibrate`)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tiledsl import cli
+from tiledsl.predict import calibrate, measure, rates
+
+MEASURED = {"rates": {"gpu": "NVIDIA H100 80GB HBM3", "sms": 132, "call_us": 6.5, "hbm_gbps": 3000.0,
+                      "tile_fixed_us": 1.1, "sm_tflops": 5.0, "products": [{"M": 1, "K": 2, "N": 3, "tiledsl": 0.1}]},
+            "sources": {"sms": "the device's", "call_us": "copy.tds", "hbm_gbps": "copy.tds big",
+                        "tile_fixed_us, sm_tflops": "gemm.tds"}}
+
+
+def test_a_measurement_replaces_only_what_it_measured_and_says_how():
+    base = json.loads(rates.DEFAULT.read_text())
+    out = calibrate.calibrated(base, MEASURED, "2026-12-04")
+    assert out["call_us"] == 6.5 and out["hbm_gbps"] == 3000.0 and out["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert out["nvlink_gbps"] == base["nvlink_gbps"] and out["sources"]["nvlink_gbps"] == base["sources"]["nvlink_gbps"]
+    assert out["sources"]["call_us"].startswith("measured by tiledsl calibrate on 2026-12-04 on an NVIDIA H100")
+    assert out["measured_products"] == MEASURED["rates"]["products"]
+    assert rates.Rates(**{k: v for k, v in out.items() if k in rates.FIELDS}).sm_tflops == 5.0
+
+
+def test_the_written_file_is_found_by_its_gpu_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(rates, "RATES_DIR", tmp_path)
+    monkeypatch.setattr(measure, "measure", lambda log=print: MEASURED)
+    lines = []
+    assert calibrate.run_measured(None, log=lines.append) == 0
+    written = tmp_path / "nvidia-h100-80gb-hbm3.json"
+    assert written.is_file() and str(written) in lines[-1]
+    assert rates.find("NVIDIA H100 80GB HBM3") == written
+    assert rates.load("NVIDIA H100 80GB HBM3").call_us == 6.5
+    assert rates.find("H200") == rates.DEFAULT and rates.find(None) == rates.DEFAULT
+    with pytest.raises(ValueError, match="no rates file or GPU model named 'B300'"):
+        rates.find("B300")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_without_a_gpu_calibrate_says_so_and_exits_unavailable(capsys):
+    assert cli.main(["calibrate"]) == cli.UNAVAILABLE
+    err = capsys.readouterr().err
+    assert "tiledsl calibrate: calibrate measures the GPU it runs on" in err and "Traceback" not in err
+
+
+def test_the_tile_rates_are_fitted_to_the_measured_products(tmp_path, monkeypatch):
+    import math
+    sms, call_us, fixed, tflops = 132, 6.5, 1.3, 4.8
+    rows = []
+    for M, K, N in measure.PRODUCTS:
+        waves = math.ceil(math.ceil(M / calibrate.BM) * math.ceil(N / calibrate.BN) / sms)
+        us = call_us + waves * (fixed + 2 * calibrate.BM * calibrate.BN * K / 1e6 / tflops)
+        rows.append({"M": M, "K": K, "N": N, "tiledsl": us / 1e3})
+    found = {"rates": {"gpu": "NVIDIA H200", "sms": sms, "call_us": call_us, "products": rows},
+             "sources": {"sms": "the device's", "call_us": "copy.tds"}}
+    monkeypatch.setattr(measure, "measure", lambda log=print: found)
+    assert calibrate.run_measured(str(tmp_path / "r.json"), log=lambda line: None) == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["tile_fixed_us"] == pytest.approx(fixed, abs=0.01)
+    assert data["sm_tflops"] == pytest.approx(tflops, abs=0.01)
+    assert "least squares over programs/gemm.tds at 6 products" in data["sources"]["tile_fixed_us, sm_tflops"]

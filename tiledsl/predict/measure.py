@@ -1,0 +1,115 @@
+"""What the predictor's rates are that one GPU can show, measured on it (`tiledsl calibrate`). Every
+figure is the median of several windows of back-to-back calls timed by CUDA events, each output
+checked first on fresh random inputs:
+
+- `sms`: the device's SM count;
+- `call_us`: programs/copy.tds on 4096 elements replayed from its CUDA graph (a call's floor);
+- `hbm_gbps`: programs/copy.tds on 512 MB, bytes read and written per second, every SM copying;
+  `sm_hbm_gbps` the same on one SM (`num_sms=1`, 64 MB);
+- `ce_local_gbps`: a 256 MB copy within the GPU through cuMemcpyAsync (torch's `copy_`, as the
+  copy-engine chunks issue theirs); `ce_op_us`: a 4-byte one, per operation;
+- `products`: programs/gemm.tds (the product tile, BM = 128, BN = 256) timed at products of one to
+  several waves, to which calibrate.py fits `tile_fixed_us` and `sm_tflops`.
+
+Links (NVLink, IB), the copy engines a stream runs at once and a signal's latency need more than one
+GPU: they are not measured here."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = ROOT / "programs"
+# (M, K, N) of the product tile's calibration: from under one wave of 132 SMs to several
+PRODUCTS = ((1024, 4096, 2048), (4096, 4096, 4096), (8192, 4096, 4096), (8192, 1024, 8192), (8192, 8192, 8192),
+            (4096, 8192, 2048))
+
+
+class CalibrationError(RuntimeError):
+    """A measurement that cannot be made here (no GPU) or whose output was wrong."""
+
+
+def gpu_us(fn, calls: int = 50, windows: int = 7, warmup: int = 3) -> float:
+    """Median over `windows` of the GPU time per call of `calls` back-to-back calls, in microseconds."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(windows):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def _checked(name: str, got, want, tol: float) -> None:
+    error = float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+    if not error <= tol:  # NaN fails too: outputs start poisoned
+        raise CalibrationError(f"{name}: the output is wrong (max relative error {error:.3g}, tolerance {tol})")
+
+
+def _copy_program(n: int, **options):
+    import torch
+
+    import tiledsl
+    program = tiledsl.compile(PROGRAMS / "copy.tds", **options)
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.full_like(x, float("nan"))
+    program(x, y)
+    _checked(f"copy.tds N={n}", y, x, 0.0)
+    return lambda: program(x, y, check=False)
+
+
+def measure(log=print) -> dict:
+    """Every rate this GPU shows, by field name, and for each how it was measured (`sources`)."""
+    import torch
+    if not torch.cuda.is_available():
+        raise CalibrationError("calibrate measures the GPU it runs on, and this machine has none that torch sees "
+                               "(torch.cuda.is_available() is False); refit from measured figures on the CPU with "
+                               "`python -m tiledsl.predict.calibrate gemm_tile.json`")
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    got: dict = {"gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count}
+    sources: dict = {"sms": "the device's multi_processor_count"}
+
+    got["call_us"] = round(gpu_us(_copy_program(4096), calls=200), 2)
+    sources["call_us"] = "programs/copy.tds on 4096 bf16 elements, replayed from its CUDA graph, back to back"
+    log(f"call_us {got['call_us']}")
+
+    big = 256 << 20  # elements: 512 MB of bf16
+    got["hbm_gbps"] = round(2 * 2 * big / gpu_us(_copy_program(big), calls=5) / 1e3, 1)
+    sources["hbm_gbps"] = "programs/copy.tds on 512 MB, every SM: bytes read + written per second"
+    one = 32 << 20
+    got["sm_hbm_gbps"] = round(2 * 2 * one / gpu_us(_copy_program(one, num_sms=1), calls=1, windows=3) / 1e3, 1)
+    sources["sm_hbm_gbps"] = "programs/copy.tds on 64 MB on one SM (num_sms=1): bytes read + written per second"
+    log(f"hbm_gbps {got['hbm_gbps']}, sm_hbm_gbps {got['sm_hbm_gbps']}")
+
+    src = torch.randn(128 << 20, device="cuda", dtype=torch.bfloat16)
+    dst = torch.full_like(src, float("nan"))
+    dst.copy_(src)
+    _checked("256 MB copy", dst, src, 0.0)
+    got["ce_local_gbps"] = round(src.numel() * 2 / gpu_us(lambda: dst.copy_(src, non_blocking=True), calls=5) / 1e3, 1)
+    sources["ce_local_gbps"] = "a 256 MB copy within the GPU by cuMemcpyAsync (torch copy_): bytes copied per second"
+    cell, other = torch.arange(1, device="cuda", dtype=torch.int32), torch.zeros(1, device="cuda", dtype=torch.int32)
+    got["ce_op_us"] = round(gpu_us(lambda: other.copy_(cell, non_blocking=True), calls=500), 2)
+    sources["ce_op_us"] = "a 4-byte cuMemcpyAsync within the GPU, back to back, per operation"
+    log(f"ce_local_gbps {got['ce_local_gbps']}, ce_op_us {got['ce_op_us']}")
+
+    import tiledsl
+    gemm = tiledsl.compile(PROGRAMS / "gemm.tds")
+    rows = []
+    for M, K, N in PRODUCTS:
+        A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(A, B, C)
+        _checked(f"gemm.tds {M}x{K}x{N}", C, A @ B, 2e-2)
+        ms = gpu_us(lambda: gemm(A, B, C, check=False), calls=10) / 1e3
+        rows.append({"M": M, "K": K, "N": N, "tiledsl": ms})
+        log(f"gemm {M}x{K}x{N}: {ms * 1e3:.1f} us")
+    got["products"] = rows
+    return {"rates": got, "sources": sources}
