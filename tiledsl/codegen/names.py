@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+EPOCH = "tds_epoch"  # not an argument: the kernel reads it from the cell and hands it to its families
+
 # names the template (kernel.py.jinja) and the kernel's argument list use as they are
 HELD = frozenset({
     "tds_ENTER", "tds_EXIT", "tds_TRACE", "tds_a", "tds_b", "tds_barrier", "tds_barrier_peers", "tds_barrier_shmem",
