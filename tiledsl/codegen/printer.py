@@ -324,7 +324,8 @@ def _product(s: body.Product, indent: str, family) -> list[str]:
     else:
         lines.append(wrap(f"{indent}    tds_a = {desc}_a.load([{kernel_code(s.row)}, {at}])"))
     if s.k_masked:
-        lines.append(f"{indent}    # a split of K: the block's columns past this split's range belong to the next split")
+        lines.append(f"{indent}    # a split of K: the block's columns past this split's range belong to the next "
+                     "split")
         lines.append(wrap(f"{indent}    tds_a = tl.where((tds_k * {s.block_k} + tl.arange(0, {s.block_k}))[None, :] < "
                           f"{kernel_code(s.k)}, tds_a, tl.zeros_like(tds_a))"))
     if s.right_at:
@@ -506,7 +507,8 @@ def _scan_ids(s: body.Scan, indent: str, start: str, stop: str, step: int) -> li
     if s.cols is None:
         lines.append(f"{indent}    tds_r = tds_s")
     else:
-        lines += [f"{indent}    tds_r = tds_s // {kernel_code(s.cols)}", f"{indent}    tds_c = tds_s % {kernel_code(s.cols)}"]
+        cols = kernel_code(s.cols)
+        lines += [f"{indent}    tds_r = tds_s // {cols}", f"{indent}    tds_c = tds_s % {cols}"]
     return lines + [f"{indent}    tds_inside = tds_s < {stop}",
                     wrap(f"{indent}    tds_id = tl.load({base(s.source)} + {offset(s.source, COPY_AXES)}, "
                          "mask=tds_inside, other=0)")]
@@ -525,7 +527,8 @@ def _scan(s: body.Scan, indent: str, family) -> list[str]:
              f"{indent}    tds_seen = tl.zeros([{groups}], tl.int32)",
              f"{indent}    tds_g = tds_g0 + tl.arange(0, {groups})"]
     if s.arrival is None or s.first is not None:  # ids only counted
-        lines += _scan_ids(s, indent + "    ", "0", kernel_code(s.count if s.arrival is None else s.first), s.count_step)
+        counted = kernel_code(s.count if s.arrival is None else s.first)
+        lines += _scan_ids(s, indent + "    ", "0", counted, s.count_step)
         lines += [outside] if s.arrival is None else []
         lines += [f"{indent}        tds_ours = tds_inside & (tds_id >= tds_g0) & (tds_id < tds_g0 + {groups})",
                   f"{indent}        tds_seen += tl.histogram(tds_id - tds_g0, {groups}, mask=tds_ours)"]

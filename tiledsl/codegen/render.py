@@ -92,7 +92,8 @@ def params_of(names: list) -> str:
 
 def axes_of(family) -> list[tuple[str, str]]:
     """(name, arange) of the block axes a tile's loads and stores use: hoisted out of the instance loop."""
-    places = [s.place for s in body.walk(family.body) if isinstance(s, (body.Load, body.Store)) and s.place.names is None]
+    places = [s.place for s in body.walk(family.body)
+              if isinstance(s, (body.Load, body.Store)) and s.place.names is None]
     if not places:
         return []
     count = places[0].axes
