@@ -563,19 +563,28 @@ def _device_sized(statements) -> bool:
     return False
 
 
-class _Tile:
-    def __init__(self, schedule, family, consts, kernel, sites=None):
+class Lowering:
+    """What the two lowerings of a tile to statements share (the one block here, a block tile's in
+    blocks.py): the family and its consts, the names its values take (`fresh`, never one of `taken`),
+    its launch-time blocks and the device values its regions read."""
+
+    def __init__(self, schedule, family, consts, kernel, sites=None, taken: set[str] = frozenset()):
         from tiledsl.codegen.device import DeviceValues, Sites
         self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
-        self.names: set[str] = set()
-        self.blocks: list[tuple[str, sympy.Expr]] = []
-        self.axes: list[tuple[sympy.Expr, int | str]] = []
-        self.product: Product | None = None
+        self.names: set[str] = set(taken)
+        self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time constexpr blocks: name, the size it covers
         self.sites = sites if sites is not None else Sites(schedule)
         self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
 
     def fresh(self, hint: str) -> str:
         return value_name(hint, self.names)
+
+
+class _Tile(Lowering):
+    def __init__(self, schedule, family, consts, kernel, sites=None):
+        super().__init__(schedule, family, consts, kernel, sites)
+        self.axes: list[tuple[sympy.Expr, int | str]] = []
+        self.product: Product | None = None
 
     def lower(self) -> TileBody:
         stores = self.family.stores
