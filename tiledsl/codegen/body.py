@@ -1,6 +1,6 @@
 """What one instance of a tile or of an SM chunk does, as typed statements: the blocks it loads, the
 math it does, what it stores or copies. Every choice is made here (block sizes, which masks are
-needed, a TMA or a pointer store); the kernel template prints the statements and decides nothing.
+needed, a TMA or a pointer store); each statement's printer (printer.py) prints it and decides nothing.
 
 A tile works on one block whose axes are the kept dimensions of its target region. Loads broadcast
 from the trailing axes (a bias row [BN] against a [BM, BN] block). Values are computed in float32
@@ -62,7 +62,7 @@ class Place:
     dims: tuple[Dim, ...]
     axes: int  # axes of the block it sits in: its own axes are the trailing ones
     # the aranges its axes run along (Arange names): a block tile's values have shapes of their own,
-    # so each place names its own; None: the tile's one block (render.AXES)
+    # so each place names its own; None: the tile's one block (printer.AXES)
     names: tuple[str, ...] | None = None
     valid: tuple[sympy.Expr, ...] = ()
 

@@ -16,7 +16,7 @@ HELD = frozenset({
     "tds_kernel", "tds_last", "tds_launch", "tds_max_spins", "tds_mine", "tds_ours", "tds_part", "tds_peer",
     "tds_pid", "tds_program", "tds_programs", "tds_r", "tds_r0", "tds_rank", "tds_s", "tds_s0", "tds_seen",
     "tds_step", "tds_sync", "tds_t", "tds_timeline", "tds_wait_began", "tds_waited", "tds_wpart",
-    "tds_elems", "tds_rows", "tds_cols",  # a one-block tile's aranges (render.AXES)
+    "tds_elems", "tds_rows", "tds_cols",  # a one-block tile's aranges (printer.AXES)
 })
 # names made from a family's or a tensor's name: the kernel's arguments, block sizes, tile functions
 HELD_PREFIXES = ("tds_peers_", "tds_shmem_", "tds_sig_", "tds_sigpeers_", "tds_sigshmem_", "tds_order_",
