@@ -12,15 +12,17 @@ import pytest
 from tiledsl.codegen.names import held, value_name
 from tiledsl.pipeline import run
 
-TEMPLATE = (Path(__file__).resolve().parents[2] / "tiledsl" / "codegen" / "templates" / "kernel.py.jinja").read_text()
+CODEGEN = Path(__file__).resolve().parents[2] / "tiledsl" / "codegen"
+# what writes kernel code: the kernel template and the statements' printers
+TEMPLATE = (CODEGEN / "templates" / "kernel.py.jinja").read_text() + (CODEGEN / "printer.py").read_text()
 # tensor names whose loads would be named like what the generated code holds
 NAMES = ["diag", "sync", "timeline", "program", "programs", "t", "inst", "epoch", "max_spins", "elems", "e4",
          "sig_fill", "peers_x", "barrier", "entry_trace", "pid", "r", "k"]
 
 
-def test_every_name_the_kernel_template_uses_is_held():
+def test_every_name_the_kernel_template_and_the_printers_use_is_held():
     literal = set(re.findall(r"\btds_\w*[A-Za-z0-9]\b", TEMPLATE))
-    prefixes = set(re.findall(r"\b(tds_\w+_)[\"']", TEMPLATE))
+    prefixes = set(re.findall(r"\b(tds_\w+_)[\"'{]", TEMPLATE))  # `"tds_sig_" ~ name`, f"tds_sig_{name}"
     assert {n for n in literal if not held(n)} == set()
     assert {p for p in prefixes if not held(p + "x")} == set()
 

@@ -14,7 +14,6 @@ import math
 import sympy
 
 from tiledsl.codegen import body as b
-from tiledsl.codegen.names import value_name
 from tiledsl.runtime.specs import pow2_at_least
 from tiledsl.schedule import ir
 from tiledsl.schedule.values import value_shape
@@ -62,15 +61,12 @@ def exotic(value) -> bool:
     return False
 
 
-class _Block:
+class _Block(b.Lowering):
     def __init__(self, schedule, family, consts, kernel, step_waits, sites=None):
-        from tiledsl.codegen.device import DeviceValues, Sites
-        self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
-        self.step_waits = step_waits
         # the block's own names too (the user's, or products.py's accumulators): no value is named like them
-        self.names: set[str] = set(TEMPLATE_NAMES) | {s.name for s in _all_lets(family.body)} | \
-            {s.var.name for s in _all_loops(family.body)}
-        self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time blocks: name, the size it covers
+        super().__init__(schedule, family, consts, kernel, sites, set(TEMPLATE_NAMES) |
+                         {s.name for s in _all_lets(family.body)} | {s.var.name for s in _all_loops(family.body)})
+        self.step_waits = step_waits
         # generated bodies, seed 172 (an fp8 product of K = 8): only the sm_90 compile refused a 16-wide K
         self.min_block = max(MIN_BLOCK, smallest_dot_k(schedule.tensors[t].dtype
                                                        for t in _product_operand_tensors(family)))
@@ -80,18 +76,12 @@ class _Block:
         self.dot_only = _dot_only_names(family)
         self.shapes: dict[str, tuple] = {}              # each name's shape where it was last bound
         self.dtypes: dict[str, str] = {}                # and its dtype
-        # device values its regions read (gathered rows' indices, a peer's rank): fetched per statement list
-        self.sites = sites if sites is not None else Sites(schedule)
-        self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
         self.descriptors: dict[tuple, str] = {}        # (tensor, block) -> its descriptor argument's name
         self.tma_loads = False                          # whether a load goes through a descriptor
         self.made: list = []                            # device-made descriptors for the next load or store
         self.notified = {e.producer for e in schedule.edges}  # families that signal their waiters
 
     # ---- names and blocks ---------------------------------------------------------------------------
-    def fresh(self, hint: str) -> str:
-        return value_name(hint, self.names)
-
     def block(self, size) -> int | str:
         """The block covering `size`: 1 for 1, else a power of two of at least `min_block`."""
         size = sympy.sympify(size)

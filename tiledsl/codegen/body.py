@@ -1,6 +1,6 @@
 """What one instance of a tile or of an SM chunk does, as typed statements: the blocks it loads, the
 math it does, what it stores or copies. Every choice is made here (block sizes, which masks are
-needed, a TMA or a pointer store); the kernel template prints the statements and decides nothing.
+needed, a TMA or a pointer store); each statement's printer (printer.py) prints it and decides nothing.
 
 A tile works on one block whose axes are the kept dimensions of its target region. Loads broadcast
 from the trailing axes (a bias row [BN] against a [BM, BN] block). Values are computed in float32
@@ -13,7 +13,7 @@ from typing import Union
 
 import sympy
 
-from tiledsl.codegen.names import value_name
+from tiledsl.codegen.names import EPOCH, value_name
 # the launcher's own rules, so that generated code and launcher agree on block sizes and shared memory
 from tiledsl.runtime.specs import pipeline_stages, pow2_at_least
 from tiledsl.schedule import ir
@@ -62,12 +62,46 @@ class Place:
     dims: tuple[Dim, ...]
     axes: int  # axes of the block it sits in: its own axes are the trailing ones
     # the aranges its axes run along (Arange names): a block tile's values have shapes of their own,
-    # so each place names its own; None: the tile's one block (render.AXES)
+    # so each place names its own; None: the tile's one block (printer.AXES)
     names: tuple[str, ...] | None = None
     valid: tuple[sympy.Expr, ...] = ()
 
+    def needs(self) -> set[str]:
+        """The tensor, its peer offsets where the block is on another rank, its launch-time blocks."""
+        peers = {f"tds_peers_{self.tensor}"} if self.owner is not None else set()
+        return {self.tensor} | peers | {d.block for d in self.dims if isinstance(d.block, str)}
+
 
 # ---- statements ------------------------------------------------------------------------------------
+
+class Statement:
+    """A statement of an instance's body: each kind is a frozen dataclass below, printed by its one printer
+    (printer.py, keyed by the class) and walked by the one walk (`nested`). What it declares here is what
+    the family around it derives from it: `needs`, the kernel arguments its printed code reads (besides the
+    sizes its expressions name, which interface.symbols_of finds); a compound statement (a Loop, an If)
+    holds its statements in a field named `body`."""
+
+    def needs(self, family: str) -> set[str]:
+        return set()
+
+
+def nested(statements, depth: int = 0):
+    """(depth, statement) for every statement, in order, those a compound one holds right after it one
+    deeper: the one walk over statements that printing, the interface and the plan's description take,
+    so that none of them can skip a kind (describe once skipped an If's)."""
+    for s in statements:
+        yield depth, s
+        yield from nested(getattr(s, "body", ()), depth + 1)
+
+
+def walk(statements):
+    """Every statement, those inside loops and ifs too, in order."""
+    return (s for _, s in nested(statements))
+
+
+def _blocks(blocks) -> set[str]:
+    return {b for b in blocks if isinstance(b, str)}
+
 
 @dataclass(frozen=True)
 class Scalar:
@@ -80,14 +114,17 @@ Operand = Union[str, Scalar]  # a block named by an earlier statement, or a scal
 
 
 @dataclass(frozen=True)
-class Load:
+class Load(Statement):
     name: str
     place: Place   # elements outside the masks read as 0
     native: bool = False  # in the tensor's own dtype (a matrix product's operand, an integer), not float32
 
+    def needs(self, family: str) -> set[str]:
+        return self.place.needs()
+
 
 @dataclass(frozen=True)
-class Apply:
+class Apply(Statement):
     name: str
     function: str                 # a key of tables.FUNCTIONS
     args: tuple[Operand, ...]
@@ -95,7 +132,7 @@ class Apply:
 
 
 @dataclass(frozen=True)
-class Cast:
+class Cast(Statement):
     """Round `arg` to `dtype` and continue in float32, as torch does with an explicit cast."""
     name: str
     dtype: str
@@ -103,20 +140,23 @@ class Cast:
 
 
 @dataclass(frozen=True)
-class Zeros:
+class Zeros(Statement):
     name: str
     blocks: tuple[int | str, ...]
 
+    def needs(self, family: str) -> set[str]:
+        return _blocks(self.blocks)
+
 
 @dataclass(frozen=True)
-class Accumulate:
+class Accumulate(Statement):
     name: str
     term: Operand
     op: str = "sum"  # or "max"
 
 
 @dataclass(frozen=True)
-class Loop:
+class Loop(Statement):
     var: sympy.Symbol
     extent: sympy.Expr
     body: tuple["Statement", ...]
@@ -129,37 +169,43 @@ class Loop:
 
 
 @dataclass(frozen=True)
-class Arange:
+class Arange(Statement):
     """`name` = 0 .. block-1 along axis `axis` of a block of `rank` axes (expanded to broadcast)."""
     name: str
     block: int | str
     axis: int
     rank: int
 
+    def needs(self, family: str) -> set[str]:
+        return _blocks([self.block])
+
 
 @dataclass(frozen=True)
-class Assign:
+class Assign(Statement):
     """`name = value`: a block named in the program's tile bound to another, or to a scalar."""
     name: str
     value: Operand
 
 
 @dataclass(frozen=True)
-class Full:
+class Full(Statement):
     """A float32 block of these blocks, every element `value` (a carried value's start)."""
     name: str
     blocks: tuple[int | str, ...]
     value: Operand
 
+    def needs(self, family: str) -> set[str]:
+        return _blocks(self.blocks)
+
 
 @dataclass(frozen=True)
-class Trans:
+class Trans(Statement):
     name: str
     arg: Operand
 
 
 @dataclass(frozen=True)
-class Dot:
+class Dot(Statement):
     """name = left @ right with tl.dot, accumulated in float32. Each operand is converted to the
     element type of tensor `like` where it is a computed block (a float32 rounded to bf16 by the
     program, say), so that both have one type: on a GPU the tensor's own, emulated its float32."""
@@ -170,9 +216,12 @@ class Dot:
     convert_right: str | None = None
     ieee: bool = False  # both operands float32: multiplied in IEEE fp32, as torch does (Triton's default is TF32)
 
+    def needs(self, family: str) -> set[str]:
+        return {t for t in (self.convert_left, self.convert_right) if t is not None}  # their dtypes
+
 
 @dataclass(frozen=True)
-class Mask:
+class Mask(Statement):
     """name = arg where `along` < bound, else `fill`: a block's padding (its block is larger than its
     size) made harmless before a reduction or a product sums across it."""
     name: str
@@ -183,7 +232,7 @@ class Mask:
 
 
 @dataclass(frozen=True)
-class Product:
+class Product(Statement):
     """name = A[row : +block_m, :] @ B[:, col : +block_n] through the family's TMA descriptors, the
     contraction dimension `k` in steps of block_k, accumulated in float32."""
     name: str
@@ -206,15 +255,21 @@ class Product:
     k_masked: bool = False
     ieee: bool = False  # both operands float32: multiplied in IEEE fp32, as torch does (Triton's default is TF32)
 
+    def needs(self, family: str) -> set[str]:
+        return {f"tds_desc_{self.family}_a", f"tds_desc_{self.family}_b"} | _blocks([self.block_k])
+
 
 @dataclass(frozen=True)
-class Store:
+class Store(Statement):
     place: Place
     value: Operand
 
+    def needs(self, family: str) -> set[str]:
+        return self.place.needs()
+
 
 @dataclass(frozen=True)
-class DescLoad:
+class DescLoad(Statement):
     """A block tile's load through a TMA descriptor (`descriptor`, a kernel argument over the whole
     tensor): the block at `at` (one start a dimension), of `block` elements a dimension (1 at a
     point), reshaped to `shape`. TMA reads elements past a dimension's end as 0, as a masked load
@@ -227,9 +282,12 @@ class DescLoad:
     shape: tuple[int, ...]
     native: bool = False
 
+    def needs(self, family: str) -> set[str]:
+        return {self.descriptor}  # an argument the launcher makes, unless the family makes it (interface.py)
+
 
 @dataclass(frozen=True)
-class MakeDescriptor:
+class MakeDescriptor(Statement):
     """`name` = a TMA descriptor over the whole of `tensor` made on the device (once a program, before
     its instances): what Triton's warp specialization on Hopper reads its loads through. Its global
     scratch comes from the allocator the launcher sets (triton.set_allocator)."""
@@ -240,9 +298,12 @@ class MakeDescriptor:
     block: tuple[int, ...]
     offset: sympy.Expr = sympy.Integer(0)  # elements from the tensor's start (its points, for a 2-D one)
 
+    def needs(self, family: str) -> set[str]:
+        return {self.tensor}
+
 
 @dataclass(frozen=True)
-class DescStore:
+class DescStore(Statement):
     """A block tile's store through a TMA descriptor: the elements past a dimension's end are not
     written (TMA clips them)."""
     descriptor: str
@@ -251,9 +312,12 @@ class DescStore:
     block: tuple[int, ...]
     value: Operand
 
+    def needs(self, family: str) -> set[str]:
+        return {self.descriptor, self.tensor}  # the tensor's dtype is the stored block's
+
 
 @dataclass(frozen=True)
-class TmaStore:
+class TmaStore(Statement):
     """A product's block out through the family's target descriptor: it clips at the tensor's edge by
     itself and frees the registers a block of pointers would take."""
     family: str
@@ -264,14 +328,17 @@ class TmaStore:
     at: tuple[sympy.Expr, ...] = ()  # points of the leading dimensions of an N-D target
     block: tuple[int, int] = ()      # the stored block's rows and columns (an N-D target's store reshapes)
 
+    def needs(self, family: str) -> set[str]:
+        return {f"tds_desc_{self.family}_c", self.tensor}
+
 
 @dataclass(frozen=True)
-class Barrier:
+class Barrier(Statement):
     """Every thread's stores are visible before the next statement reads them back."""
 
 
 @dataclass(frozen=True)
-class Wait:
+class Wait(Statement):
     """Until the producer's slot `slot` holds this call's epoch, for every value of `loops` (`*`
     indices, every rank, the producer's parts), where `exists` holds. A statement like any other, so
     that a wait can sit inside a loop of the body (one per step of a loop over chunks)."""
@@ -298,25 +365,31 @@ class Wait:
         """The existence test depends on a loop's variable (`@ (r for s in n)`): it goes inside."""
         return bool(sympy.sympify(self.exists).free_symbols & {var for var, _ in self.loops})
 
+    def needs(self, family: str) -> set[str]:
+        return {f"tds_sig_{self.producer}", EPOCH, "tds_diag", "tds_max_spins", "rank"}
+
 
 STEP_WAIT_BEGINS, STEP_WAIT_ENDS = 3, 4  # Record points around the waits of a loop's step
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(Statement):
     """A timeline stamp of this instance (runtime/timeline.py: 0 start, 1 waits over, 2 end), compiled
     out unless the program is built with trace=True. Around a loop step's waits, STEP_WAIT_BEGINS and
     STEP_WAIT_ENDS add the time spent in them to the instance's waiting (its stamp 1)."""
     point: int
 
+    def needs(self, family: str) -> set[str]:
+        return {f"tds_trace_{family}", "tds_TRACE"}
+
 
 @dataclass(frozen=True)
-class Fence:
+class Fence(Statement):
     """Between waits and the TMA loads that read what they acquired (sync.fence_async)."""
 
 
 @dataclass(frozen=True)
-class Copy:
+class Copy(Statement):
     """An SM chunk: part `tds_part` of `split` of the region, in blocks of `block` (rows, or rows and
     columns), loaded from `source` and stored (added, with `reduce`) into `target`. The places' kept
     dimensions run along the copy's row and column loops."""
@@ -328,9 +401,12 @@ class Copy:
     split: int
     reduce: bool
 
+    def needs(self, family: str) -> set[str]:
+        return self.source.needs() | self.target.needs()
+
 
 @dataclass(frozen=True)
-class Put:
+class Put(Statement):
     """An NVSHMEM chunk: part `tds_part` of `split` of whole rows, one putmem_signal to `owner`, which
     signals the family's slot there with the epoch."""
     family: str
@@ -344,9 +420,14 @@ class Put:
     cols: sympy.Expr
     split: int
 
+    def needs(self, family: str) -> set[str]:
+        peers = {f"tds_peers_{self.source}"} if self.source_owner is not None else set()
+        return {self.source, self.target, f"tds_shmem_{self.target}", f"tds_sig_{self.family}",
+                f"tds_sigshmem_{self.family}", EPOCH} | peers
+
 
 @dataclass(frozen=True)
-class Get:
+class Get(Statement):
     """An NVSHMEM get: part `tds_part` of `split` of whole rows of `owner`'s copy of `source` into this
     rank's `target` (getmem_block: the rows are here when it returns); the family notifies after it."""
     family: str
@@ -359,9 +440,12 @@ class Get:
     cols: sympy.Expr
     split: int
 
+    def needs(self, family: str) -> set[str]:
+        return {self.source, self.target, f"tds_shmem_{self.source}", "rank"}
+
 
 @dataclass(frozen=True)
-class Fetch:
+class Fetch(Statement):
     """Device values into `name`: the integers at `place` (one per row of the block where the place has
     an axis, `exists` naming the rows whose element is inside its tensor; one value otherwise). A count
     of a capped tensor above its cap is reported at guard `site` and read as the cap."""
@@ -371,9 +455,12 @@ class Fetch:
     cap: sympy.Expr | None = None
     site: int | None = None
 
+    def needs(self, family: str) -> set[str]:
+        return self.place.needs() | ({"tds_diag", "rank"} if self.cap is not None else set())
+
 
 @dataclass(frozen=True)
-class Report:
+class Report(Statement):
     """Where `bad` holds (within `within`'s mask, if given), guard `site` records its first case: the flat
     offset of `element` in its tensor, the `value` found and the `bound` it broke. The call goes on;
     the launcher raises afterwards (runtime/guards.py)."""
@@ -384,9 +471,12 @@ class Report:
     bound: sympy.Expr
     within: Place | None = None
 
+    def needs(self, family: str) -> set[str]:
+        return self.element.needs() | {"tds_diag", "rank"}
+
 
 @dataclass(frozen=True)
-class Scan:
+class Scan(Statement):
     """histogram() and arrival() of a region of ids (`count` elements, `cols` to a row where it has two
     axes) into `bins` groups, `step` elements at a time, `groups` of them a pass (a launch-time power of
     two: one pass where the bins are few). Ids outside 0..bins-1 are reported at `site` and counted
@@ -408,17 +498,17 @@ class Scan:
     stop: sympy.Expr | None = None
     count_step: int = 1024  # elements a pass only counts at a time (tl.histogram)
 
+    def needs(self, family: str) -> set[str]:
+        places = (p for p in (self.source, self.arrival, self.histogram) if p is not None)
+        return set().union(*(p.needs() for p in places)) | {self.groups, "tds_diag", "rank"}
+
 
 @dataclass(frozen=True)
-class If:
+class If(Statement):
     """The statements run only where `condition` holds (a tile whose rows all lie past the valid ones
     does nothing)."""
     condition: sympy.Expr
     body: tuple["Statement", ...]
-
-
-Statement = Union[Load, DescLoad, DescStore, MakeDescriptor, Apply, Cast, Zeros, Accumulate, Loop, Product, Store, TmaStore, Barrier, Wait, Fence, Record,
-                  Copy, Put, Get, Fetch, Report, Scan, If, Arange, Assign, Full, Trans, Dot, Mask]
 
 
 # ---- tiles -----------------------------------------------------------------------------------------
@@ -473,19 +563,28 @@ def _device_sized(statements) -> bool:
     return False
 
 
-class _Tile:
-    def __init__(self, schedule, family, consts, kernel, sites=None):
+class Lowering:
+    """What the two lowerings of a tile to statements share (the one block here, a block tile's in
+    blocks.py): the family and its consts, the names its values take (`fresh`, never one of `taken`),
+    its launch-time blocks and the device values its regions read."""
+
+    def __init__(self, schedule, family, consts, kernel, sites=None, taken: set[str] = frozenset()):
         from tiledsl.codegen.device import DeviceValues, Sites
         self.schedule, self.family, self.consts, self.k = schedule, family, consts, kernel
-        self.names: set[str] = set()
-        self.blocks: list[tuple[str, sympy.Expr]] = []
-        self.axes: list[tuple[sympy.Expr, int | str]] = []
-        self.product: Product | None = None
+        self.names: set[str] = set(taken)
+        self.blocks: list[tuple[str, sympy.Expr]] = []  # launch-time constexpr blocks: name, the size it covers
         self.sites = sites if sites is not None else Sites(schedule)
         self.values = DeviceValues(schedule, kernel, self.sites, self.fresh, consts)
 
     def fresh(self, hint: str) -> str:
         return value_name(hint, self.names)
+
+
+class _Tile(Lowering):
+    def __init__(self, schedule, family, consts, kernel, sites=None):
+        super().__init__(schedule, family, consts, kernel, sites)
+        self.axes: list[tuple[sympy.Expr, int | str]] = []
+        self.product: Product | None = None
 
     def lower(self) -> TileBody:
         stores = self.family.stores

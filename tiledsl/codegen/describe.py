@@ -78,61 +78,73 @@ def _operand(o) -> str:
     return str(o.value) if isinstance(o, body.Scalar) else o
 
 
-def _statements(statements, depth: int = 0) -> list[str]:
-    pad, out = "  " * depth, []
-    for s in statements:
-        if isinstance(s, body.Load):
-            out.append(f"{pad}{s.name} = load {_place(s.place)}")
-        elif isinstance(s, body.Apply):
-            out.append(f"{pad}{s.name} = {s.function}({', '.join(map(_operand, s.args))})")
-        elif isinstance(s, body.Cast):
-            out.append(f"{pad}{s.name} = {s.dtype}({_operand(s.arg)})")
-        elif isinstance(s, body.Zeros):
-            out.append(f"{pad}{s.name} = zeros[{', '.join(map(str, s.blocks))}]")
-        elif isinstance(s, body.Accumulate):
-            out.append(f"{pad}{s.name} += {_operand(s.term)}")
-        elif isinstance(s, body.Loop):
-            out.append(f"{pad}for {s.var} < {s.extent}:" + (" (not pipelined: its steps wait)" if s.stages else ""))
-            out += _statements(s.body, depth + 1)
-        elif isinstance(s, body.Product):
-            out.append(f"{pad}{s.name} = {s.left}[{s.row} : +{s.block_m}, :] @ {s.right}[:, {s.col} : +{s.block_n}] "
-                       f"(TMA, K = {s.k} in steps of {s.block_k}{', IEEE fp32' if s.ieee else ''})")
-        elif isinstance(s, body.TmaStore):
-            out.append(f"{pad}store {s.tensor}[{s.row}, {s.col}] = {s.value} (TMA)")
-        elif isinstance(s, body.Store):
-            out.append(f"{pad}store {_place(s.place)} = {_operand(s.value)}")
-        elif isinstance(s, body.Barrier):
-            out.append(f"{pad}barrier")
-        elif isinstance(s, body.Wait):
-            loops = "".join(f" for {v} < {e}" for v, e in s.loops)
-            guard = "" if s.exists == sympy.true else f" if {s.exists}"
-            how = " (then NVSHMEM's wait)" if s.shmem else ""
-            out.append(f"{pad}wait edge {s.edge} ({s.where}): sig_{s.producer}[{s.slot}]{loops}{guard}{how}")
-        elif isinstance(s, body.Fence):
-            out.append(f"{pad}proxy fence (TMA loads follow)")
-        elif isinstance(s, body.Copy):
-            kind = "add" if s.reduce else "copy"
-            out.append(f"{pad}{kind} {_place(s.source)} -> {_place(s.target)} ({s.rows} rows"
-                       + (f" x {s.cols}" if s.cols is not None else "") + f", blocks {s.block})")
-        elif isinstance(s, body.Get):
-            out.append(f"{pad}nvshmem get {s.source}@({s.owner})[{s.source_start}:] -> {s.target}[{s.target_start}:] "
-                       f"({s.rows} rows x {s.cols})")
-        elif isinstance(s, body.Arange):
-            out.append(f"{pad}{s.name} = 0 .. {s.block} along axis {s.axis} of {s.rank}")
-        elif isinstance(s, body.Assign):
-            out.append(f"{pad}{s.name} = {_operand(s.value)}")
-        elif isinstance(s, body.Full):
-            out.append(f"{pad}{s.name} = full[{', '.join(map(str, s.blocks))}] of {_operand(s.value)}")
-        elif isinstance(s, body.Trans):
-            out.append(f"{pad}{s.name} = {_operand(s.arg)}.T")
-        elif isinstance(s, body.Dot):
-            out.append(f"{pad}{s.name} = {_operand(s.left)} @ {_operand(s.right)} (tl.dot"
-                       + (f", computed operands as {s.convert_left or s.convert_right}'s type"
-                          if s.convert_left or s.convert_right else "") + (", IEEE fp32" if s.ieee else "") + ")")
-        elif isinstance(s, body.Mask):
-            out.append(f"{pad}{s.name} = {_operand(s.arg)} where {s.along} < {s.bound}, else {s.fill}")
-        elif isinstance(s, body.Put):
-            source = s.source + ("" if s.source_owner is None else f"@({s.source_owner})")
-            out.append(f"{pad}nvshmem put {source}[{s.source_start}:] -> {s.target}@({s.owner})[{s.target_start}:] "
-                       f"({s.rows} rows x {s.cols}) with its signal")
-    return out
+def _statements(statements) -> list[str]:
+    """A line a statement, those a loop or an if holds indented under it (the one walk, body.nested)."""
+    return ["  " * depth + DESCRIBE[type(s)](s) for depth, s in body.nested(statements) if DESCRIBE[type(s)]]
+
+
+def _wait(s: body.Wait) -> str:
+    loops = "".join(f" for {v} < {e}" for v, e in s.loops)
+    guard = "" if s.exists == sympy.true else f" if {s.exists}"
+    how = " (then NVSHMEM's wait)" if s.shmem else ""
+    return f"wait edge {s.edge} ({s.where}): sig_{s.producer}[{s.slot}]{loops}{guard}{how}"
+
+
+def _copy(s: body.Copy) -> str:
+    return f"{'add' if s.reduce else 'copy'} {_place(s.source)} -> {_place(s.target)} ({s.rows} rows" + \
+        (f" x {s.cols}" if s.cols is not None else "") + f", blocks {s.block})"
+
+
+def _dot(s: body.Dot) -> str:
+    converted = f", computed operands as {s.convert_left or s.convert_right}'s type" \
+        if s.convert_left or s.convert_right else ""
+    return f"{s.name} = {_operand(s.left)} @ {_operand(s.right)} (tl.dot{converted}{', IEEE fp32' if s.ieee else ''})"
+
+
+def _put(s: body.Put) -> str:
+    source = s.source + ("" if s.source_owner is None else f"@({s.source_owner})")
+    return f"nvshmem put {source}[{s.source_start}:] -> {s.target}@({s.owner})[{s.target_start}:] " \
+        f"({s.rows} rows x {s.cols}) with its signal"
+
+
+def _scan(s: body.Scan) -> str:
+    into = [f"{what} {_place(p)}" for what, p in (("arrival", s.arrival), ("histogram", s.histogram)) if p is not None]
+    return f"scan {_place(s.source)} into {s.bins} groups, {s.groups} a pass: {', '.join(into)}"
+
+
+# each statement kind's line in the plan's description (tests/codegen/test_printer.py: every kind has one)
+DESCRIBE = {
+    body.Load: lambda s: f"{s.name} = load {_place(s.place)}",
+    body.DescLoad: lambda s: f"{s.name} = load {s.tensor}[{', '.join(map(str, s.at))}] (TMA, {s.descriptor})",
+    body.MakeDescriptor: lambda s: f"{s.name} = TMA descriptor of {s.tensor}, blocks {s.block}",
+    body.Apply: lambda s: f"{s.name} = {s.function}({', '.join(map(_operand, s.args))})",
+    body.Cast: lambda s: f"{s.name} = {s.dtype}({_operand(s.arg)})",
+    body.Zeros: lambda s: f"{s.name} = zeros[{', '.join(map(str, s.blocks))}]",
+    body.Accumulate: lambda s: f"{s.name} += {_operand(s.term)}",
+    body.Loop: lambda s: f"for {s.var} < {s.extent}:" + (" (not pipelined: its steps wait)" if s.stages else ""),
+    body.If: lambda s: f"if {s.condition}:",
+    body.Product: lambda s: f"{s.name} = {s.left}[{s.row} : +{s.block_m}, :] @ {s.right}[:, {s.col} : +{s.block_n}] "
+                            f"(TMA, K = {s.k} in steps of {s.block_k}{', IEEE fp32' if s.ieee else ''})",
+    body.TmaStore: lambda s: f"store {s.tensor}[{s.row}, {s.col}] = {s.value} (TMA)",
+    body.Store: lambda s: f"store {_place(s.place)} = {_operand(s.value)}",
+    body.DescStore: lambda s: f"store {s.tensor}[{', '.join(map(str, s.at))}] = {_operand(s.value)} "
+                              f"(TMA, {s.descriptor})",
+    body.Barrier: lambda s: "barrier",
+    body.Wait: _wait,
+    body.Fence: lambda s: "proxy fence (TMA loads follow)",
+    body.Record: None,  # the timeline's stamps, in every instance and compiled out untraced: no decision to show
+    body.Copy: _copy,
+    body.Get: lambda s: f"nvshmem get {s.source}@({s.owner})[{s.source_start}:] -> {s.target}[{s.target_start}:] "
+                        f"({s.rows} rows x {s.cols})",
+    body.Put: _put,
+    body.Fetch: lambda s: f"{s.name} = device values at {_place(s.place)}" + \
+        (f", capped at {s.cap}" if s.cap is not None else ""),
+    body.Report: lambda s: f"report guard {s.site} where {s.bad}",
+    body.Scan: _scan,
+    body.Arange: lambda s: f"{s.name} = 0 .. {s.block} along axis {s.axis} of {s.rank}",
+    body.Assign: lambda s: f"{s.name} = {_operand(s.value)}",
+    body.Full: lambda s: f"{s.name} = full[{', '.join(map(str, s.blocks))}] of {_operand(s.value)}",
+    body.Trans: lambda s: f"{s.name} = {_operand(s.arg)}.T",
+    body.Dot: _dot,
+    body.Mask: lambda s: f"{s.name} = {_operand(s.arg)} where {s.along} < {s.bound}, else {s.fill}",
+}

@@ -51,7 +51,7 @@ class DeviceValues:
         self.schedule, self.k, self.sites, self.fresh, self.consts = schedule, kernel, sites, fresh, consts
         self.fetched: dict[tuple, tuple[sympy.Symbol, Place, sympy.Symbol | None]] = {}
         # the aranges of the block that gathered values are fetched along (a block tile's values each have
-        # their own: `_Block.place` sets them); None: the tile's one block (render.AXES)
+        # their own: `_Block.place` sets them); None: the tile's one block (printer.AXES)
         self.names: tuple[str, ...] | None = None
 
     def read(self, expr, out: list, axes: int = 0, axis: int | None = None, block=None, rows=None) -> sympy.Expr:

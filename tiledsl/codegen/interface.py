@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from tiledsl.codegen.body import (Arange, Copy, DescLoad, DescStore, Dim, Dot, Fetch, Full, Get, If, Load, Loop,
-                                  MakeDescriptor, Place, Product, Put, Record, Report, Scan, Store, TmaStore, Zeros)
+from tiledsl.codegen.body import DescLoad, DescStore, Dim, Fetch, Loop, MakeDescriptor, TmaStore, walk
+from tiledsl.codegen.names import EPOCH
 # generated modules describe their arguments with the runtime's own records: one definition of each
 from tiledsl.runtime.specs import Arg, Kind
 
@@ -17,7 +17,6 @@ INSTANCE = sympy.Symbol("tds_inst", integer=True, nonnegative=True)
 PART = sympy.Symbol("tds_part", integer=True, nonnegative=True)
 
 
-EPOCH = "tds_epoch"  # not an argument: the kernel reads it from the cell and hands it to its families
 EPOCH_CELL = "tds_epoch_cell"
 
 
@@ -137,13 +136,6 @@ def signal_dtype(family) -> str:
     return "int64" if family.engine == "nvshmem" or family.notify.remote is not None else "int32"
 
 
-def walk(statements):
-    for s in statements:
-        yield s
-        if isinstance(s, (Loop, If)):
-            yield from walk(s.body)
-
-
 def _local_symbols(family) -> set[str]:
     """Names a family binds itself: its indices, instance and part, its loops' variables, the device
     values it fetches and the blocks it computes."""
@@ -180,63 +172,11 @@ def symbols_of(family) -> set[sympy.Symbol]:
 
 
 def _needs(family, plan) -> set[str]:
-    names: set[str] = set()
-
-    def place(p: Place):
-        names.add(p.tensor)
-        if p.owner is not None:
-            names.add(f"tds_peers_{p.tensor}")
-        names.update(d.block for d in p.dims if isinstance(d.block, str))
-
-    for s in walk(family.head + family.body):
-        if isinstance(s, (Load, Store)):
-            place(s.place)
-        elif isinstance(s, Copy):
-            place(s.source)
-            place(s.target)
-        elif isinstance(s, Get):
-            names.update({s.source, s.target, f"tds_shmem_{s.source}", "rank"})
-        elif isinstance(s, Put):
-            names.update({s.source, s.target, f"tds_shmem_{s.target}", f"tds_sig_{s.family}",
-                          f"tds_sigshmem_{s.family}", EPOCH})
-            if s.source_owner is not None:
-                names.add(f"tds_peers_{s.source}")
-        elif isinstance(s, Product):
-            names.update({f"tds_desc_{family.name}_a", f"tds_desc_{family.name}_b"})
-            if isinstance(s.block_k, str):
-                names.add(s.block_k)
-        elif isinstance(s, (DescLoad, DescStore)):
-            if isinstance(s, DescStore):
-                names.add(s.tensor)  # its dtype, the stored block's
-            if not any(isinstance(m, MakeDescriptor) and m.name == s.descriptor for m in walk(family.head + family.body)):
-                names.add(s.descriptor)  # an argument, made by the launcher
-        elif isinstance(s, MakeDescriptor):
-            names.add(s.tensor)
-        elif isinstance(s, TmaStore):
-            names.update({f"tds_desc_{family.name}_c", s.tensor})
-        elif isinstance(s, (Zeros, Full)):
-            names.update(b for b in s.blocks if isinstance(b, str))
-        elif isinstance(s, Fetch):
-            place(s.place)
-            if s.cap is not None:
-                names.update({"tds_diag", "rank"})
-        elif isinstance(s, Report):
-            place(s.element)
-            names.update({"tds_diag", "rank"})
-        elif isinstance(s, Scan):
-            for p in (s.source, s.arrival, s.histogram):
-                if p is not None:
-                    place(p)
-            names.update({s.groups, "tds_diag", "rank"})
-        elif isinstance(s, Arange) and isinstance(s.block, str):
-            names.add(s.block)
-        elif isinstance(s, Dot):
-            names.update(t for t in (s.convert_left, s.convert_right) if t is not None)
-        elif isinstance(s, Record):
-            names.update({f"tds_trace_{family.name}", "tds_TRACE"})
-    if family.waits:
-        names.update({EPOCH, "tds_diag", "tds_max_spins", "rank"})
-        names.update(f"tds_sig_{w.producer}" for w in family.waits)
+    """The arguments a family's printed code reads: what each of its statements declares it reads (a
+    descriptor the family makes on the device is none), what its notify and counts read, and its sizes."""
+    statements = list(walk(family.head + family.body))
+    made = {s.name for s in statements if isinstance(s, MakeDescriptor)}
+    names = set().union(*(s.needs(family.name) for s in statements)) - made
     if family.notify is not None and not family.puts:
         names.update({f"tds_sig_{family.name}", EPOCH})
         if family.notify.every_rank:

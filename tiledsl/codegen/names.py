@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import re
 
-# names the template (kernel.py.jinja) and the kernel's argument list use as they are
+EPOCH = "tds_epoch"  # not an argument: the kernel reads it from the cell and hands it to its families
+
+# names the kernel template, the statements' printers (printer.py) and the kernel's argument list use as they are
 HELD = frozenset({
     "tds_ENTER", "tds_EXIT", "tds_TRACE", "tds_a", "tds_b", "tds_barrier", "tds_barrier_peers", "tds_barrier_shmem",
     "tds_base", "tds_block", "tds_c", "tds_c0", "tds_diag", "tds_earlier", "tds_entry_trace", "tds_epoch",
     "tds_epoch_cell", "tds_first", "tds_float", "tds_g", "tds_g0", "tds_id", "tds_inside", "tds_inst", "tds_k",
     "tds_kernel", "tds_last", "tds_launch", "tds_max_spins", "tds_mine", "tds_ours", "tds_part", "tds_peer",
     "tds_pid", "tds_program", "tds_programs", "tds_r", "tds_r0", "tds_rank", "tds_s", "tds_s0", "tds_seen",
-    "tds_step", "tds_sync", "tds_t", "tds_timeline", "tds_wait_began", "tds_wpart",
-    "tds_elems", "tds_rows", "tds_cols",  # a one-block tile's aranges (render.AXES)
+    "tds_step", "tds_sync", "tds_t", "tds_timeline", "tds_wait_began", "tds_waited", "tds_wpart",
+    "tds_elems", "tds_rows", "tds_cols",  # a one-block tile's aranges (printer.AXES)
 })
 # names made from a family's or a tensor's name: the kernel's arguments, block sizes, tile functions
 HELD_PREFIXES = ("tds_peers_", "tds_shmem_", "tds_sig_", "tds_sigpeers_", "tds_sigshmem_", "tds_order_",

@@ -18,7 +18,7 @@ import sympy
 
 from tiledsl import gpus
 from tiledsl.codegen.body import (Fence, If, LoweringError, Product, Put, Record, Statement, Wait, chunk_body,
-                                  tile_body)
+                                  tile_body, walk)
 from tiledsl.codegen.device import DeviceValues, GuardSite, Sites
 from tiledsl.codegen.interface import INSTANCE, PART, KernelInterface, interface_of
 from tiledsl.schedule import ir, meaning
@@ -135,7 +135,6 @@ class Family:
 
     @property
     def waits(self) -> tuple[Wait, ...]:
-        from tiledsl.codegen.interface import walk
         return tuple(s for s in walk(self.body) if isinstance(s, Wait))
 
     @property
@@ -145,7 +144,6 @@ class Family:
     @property
     def puts(self) -> bool:
         """An NVSHMEM put, which signals with its data (the other families notify after each instance)."""
-        from tiledsl.codegen.interface import walk
         return any(isinstance(s, Put) for s in walk(self.body))
 
     @property

@@ -11,7 +11,7 @@ import dataclasses
 
 import sympy
 
-from tiledsl.codegen.body import DescLoad, DescStore, If, LoweringError, Loop, MakeDescriptor, Product, TmaStore
+from tiledsl.codegen.body import DescLoad, DescStore, LoweringError, MakeDescriptor, Product, TmaStore, walk
 from tiledsl.runtime.specs import ROW_BYTES, row_multiple
 from tiledsl.schedule import ir
 from tiledsl.tables import DTYPES
@@ -27,7 +27,7 @@ def statement_tensors(statements, product: Product | None = None, tma_target: st
     launcher's view (`interface_of` makes the descriptor arguments from the same statements)."""
     found = {product.left, product.right} if product is not None else set()
     found |= {tma_target} if tma_target is not None else set()
-    for s in _walk(statements):
+    for s in walk(statements):
         if isinstance(s, (DescLoad, DescStore, MakeDescriptor, TmaStore)):
             found.add(s.tensor)
     return found
@@ -100,10 +100,3 @@ def _holds_product(family: ir.Family) -> bool:
             return any(visit(getattr(value, f.name)) for f in dataclasses.fields(value))
         return False
     return visit(family.stores) or visit(family.body)
-
-
-def _walk(statements):
-    for s in statements:
-        yield s
-        if isinstance(s, (Loop, If)):
-            yield from _walk(s.body)
