@@ -12,7 +12,7 @@ import jinja2
 import sympy
 
 from tiledsl.codegen import body
-from tiledsl.codegen.interface import EPOCH, Kind, walk
+from tiledsl.codegen.interface import EPOCH, Kind, signal_dtype, walk
 from tiledsl.codegen.plan import INSTANCE, KernelPlan
 from tiledsl.schedule import ir
 from tiledsl.schedule.intcode import code
@@ -38,7 +38,7 @@ def _environment() -> jinja2.Environment:
     env.globals["device_descriptors"] = lambda plan: any(  # TMA descriptors made on the device
         isinstance(s, body.MakeDescriptor) for f in plan.kernel_families for s in walk(f.head + f.body))
     env.globals.update(isinstance=isinstance, body=body, Kind=Kind, EPOCH=EPOCH, INSTANCE=INSTANCE,
-                       FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
+                       signal_dtype=signal_dtype, FIRST=ir.index_symbol("tds_first"), LAST=ir.index_symbol("tds_last"))
     return env
 
 
