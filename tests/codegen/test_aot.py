@@ -90,7 +90,7 @@ def test_fp32_products_fit_an_sm_with_the_blocks_ops_picks_and_are_refused_by_na
         # they are refused before any launch, by name, never by the driver at the first launch
         own = build_module(ROOT / "programs" / f"{name}.tds", library)
         try:
-            kernel_options(own, 4)
+            kernel_options(own.tds_SPEC, 4)
         except SharedMemoryError as error:
             assert re.search(r"blocks \[\d+, \d+\] x \[\d+, \d+\] of 4-byte elements need \d+ bytes", str(error))
             refused.append(bk)
