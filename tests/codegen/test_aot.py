@@ -117,7 +117,8 @@ def _attention(warps: int | None = None, **consts):
     changed = types.ModuleType(module.__name__)
     changed.__dict__.update(module.__dict__)
     spec = module.tds_SPEC
-    changed.tds_SPEC = dataclasses.replace(spec, families=tuple(dataclasses.replace(f, warps=warps) for f in spec.families))
+    families = tuple(dataclasses.replace(f, warps=warps) for f in spec.families)
+    changed.tds_SPEC = dataclasses.replace(spec, families=families)
     return changed
 
 

@@ -718,6 +718,6 @@ class Program(Issuing):
                     f"{int(diag[sync.DIAG_EXPECTED])}, saw {int(diag[sync.DIAG_SEEN])})")
 
 
-__all__ = ["Program", "ProgramSpec", "Arg", "Kind", "TensorSpec", "FamilySpec", "GuardSpec", "LaunchError", "ScheduleTimeout", "DataError",
-           "CapacityExceeded", "IndexOutOfRange", "linear",
-           "unlinear", "ordered_instances", "pow2_at_least", "kernel_options", "pipeline_stages"]
+__all__ = ["Program", "ProgramSpec", "Arg", "Kind", "TensorSpec", "FamilySpec", "GuardSpec", "LaunchError",
+           "ScheduleTimeout", "DataError", "CapacityExceeded", "IndexOutOfRange", "linear", "unlinear",
+           "ordered_instances", "pow2_at_least", "kernel_options", "pipeline_stages"]

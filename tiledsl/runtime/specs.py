@@ -1,6 +1,7 @@
 """What a generated module declares about itself, in one object (`ProgramSpec`: its kernel, the kernel's
-arguments, tensors, families, guards, edges and host functions), and the launch arithmetic that code generation and the launcher share (pipeline stages, warps,
-power-of-two blocks, instance numbering and order), and TMA's row rule that both judge by."""
+arguments, tensors, families, guards, edges and host functions); the launch arithmetic that code
+generation and the launcher share (pipeline stages, warps, power-of-two blocks, instance numbering and
+order); and TMA's row rule that both judge by."""
 from __future__ import annotations
 
 import enum

@@ -34,8 +34,9 @@ def bind(program_name: str, callers, args, kwargs) -> dict[str, torch.Tensor]:
 
 def sizes(program, callers, tensors: dict[str, torch.Tensor], rank: int, world: int, dtype_override: dict,
           device, topology=None) -> dict:
-    """The program's sizes (`program`: its ProgramSpec) from the tensors' shapes, after checking every tensor against its declaration:
-    dimensions, launch conditions, shape, dtype, contiguity and device, each failure naming the tensor."""
+    """The program's sizes (`program`: its ProgramSpec) from the tensors' shapes, after checking every
+    tensor against its declaration: dimensions, launch conditions, shape, dtype, contiguity and device,
+    each failure naming the tensor."""
     nodes, local_world = (topology.nodes, topology.local_world) if topology is not None else (1, world)
     shapes = {n: tuple(t.shape) for n, t in tensors.items()}
     ranks_of = {name: len(shape) for name, shape in program.tensor_shapes(_dummy_env(program, world)).items()}
