@@ -501,8 +501,8 @@ class DecodePrograms:
 
     def slices(self, Bq, H, HKV, C, world) -> int:
         """What the default chooses at these sizes (the first dimension of its partials)."""
-        env = {"B": Bq, "H": H, "HKV": HKV, "C": C, "rank": 0, "world": world, **self.default.module.tds_CONSTS}
-        return self.default.module.tds_tensor_shapes(env)["Part"][0]
+        env = {"B": Bq, "H": H, "HKV": HKV, "C": C, "rank": 0, "world": world, **self.default.spec.consts}
+        return self.default.spec.tensor_shapes(env)["Part"][0]
 
     def force(self, n):
         if n not in self.forced:  # the chooser opened wide: exactly NS slices

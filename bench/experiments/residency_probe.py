@@ -38,7 +38,7 @@ def occupancy(program) -> str:
 
 def _occupancy(program) -> list:
     found = []
-    for cache in program.module.tds_kernel.device_caches.values():
+    for cache in program.spec.kernel.device_caches.values():
         for compiled in cache[0].values():
             threads = compiled.metadata.num_warps * 32
             status, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(

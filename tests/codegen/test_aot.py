@@ -24,7 +24,7 @@ HOPPER_SHARED_BYTES = 227 * 1024  # the most one block may use on sm_90
 
 
 def has_matmul(module) -> bool:
-    return any(f.matmul for f in module.tds_FAMILIES)
+    return any(f.matmul for f in module.tds_SPEC.families)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_fp32_products_fit_an_sm_with_the_blocks_ops_picks_and_are_refused_by_na
         # they are refused before any launch, by name, never by the driver at the first launch
         own = build_module(ROOT / "programs" / f"{name}.tds", library)
         try:
-            kernel_options(own, 4)
+            kernel_options(own.tds_SPEC, 4)
         except SharedMemoryError as error:
             assert re.search(r"blocks \[\d+, \d+\] x \[\d+, \d+\] of 4-byte elements need \d+ bytes", str(error))
             refused.append(bk)
@@ -116,7 +116,9 @@ def _attention(warps: int | None = None, **consts):
         return module
     changed = types.ModuleType(module.__name__)
     changed.__dict__.update(module.__dict__)
-    changed.tds_FAMILIES = tuple(dataclasses.replace(f, warps=warps) for f in module.tds_FAMILIES)
+    spec = module.tds_SPEC
+    families = tuple(dataclasses.replace(f, warps=warps) for f in spec.families)
+    changed.tds_SPEC = dataclasses.replace(spec, families=families)
     return changed
 
 
@@ -134,7 +136,7 @@ def test_a_128_row_attention_tile_gets_8_warps_and_does_not_spill():
     which then fits in registers. On 4 warps this kernel spilled around the slow path of its waits (a
     call), the one place only rank 1's tiles reached mid-accumulation on the GPU."""
     module = _attention(BM=128, BN=64)
-    assert [f.warps for f in module.tds_FAMILIES if f.name == "attn"] == [8]
+    assert [f.warps for f in module.tds_SPEC.families if f.name == "attn"] == [8]
     row = report(module, "sm_90")
     if not row.sass:
         pytest.skip("cuobjdump is missing: the resource usage cannot be read")

@@ -70,7 +70,7 @@ def test_device_descriptors_are_two_dimensional_made_once_where_their_points_are
     depth = len(loop) - len(loop.lstrip())
     assert all(len(line) - len(line.lstrip()) <= depth for line in made), "a descriptor made inside a loop"
     assert "[S, D], [D * HKV, 1]" in tile  # 2-D over the kept dimensions, at the points' offset
-    assert "tds_DEVICE_DESCRIPTORS = True" in text
+    assert "    device_descriptors=True," in text
     assert "'descriptor'" not in text  # none made by the launcher
 
 

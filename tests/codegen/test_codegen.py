@@ -94,15 +94,16 @@ def test_module_imports_and_describes_the_program(path):
     module = build_module(path)
     schedule = run(path, until="check").schedule
     assert Path(module.__file__).read_text() == run(path).module
-    assert [t.name for t in module.tds_TENSORS] == list(schedule.tensors)
-    assert {f.name for f in module.tds_FAMILIES} == set(schedule.families)
-    assert len(module.tds_EDGES) == len(schedule.edges)
-    assert tuple(module.tds_PARAMS) == tuple(schedule.params)
+    spec = module.tds_SPEC
+    assert [t.name for t in spec.tensors] == list(schedule.tensors)
+    assert {f.name for f in spec.families} == set(schedule.families)
+    assert len(spec.edges) == len(schedule.edges)
+    assert tuple(spec.params) == tuple(schedule.params)
     assert callable(module.tds_load)
 
 
 def test_kernel_never_specialises_on_the_rank_or_the_spin_bound_and_reads_the_epoch_from_a_cell():
-    kernel = build_module(ROOT / "programs" / "allreduce.tds").tds_kernel
+    kernel = build_module(ROOT / "programs" / "allreduce.tds").tds_SPEC.kernel
     names = [p.name for p in kernel.params]
     assert set(kernel.do_not_specialize) <= set(names) | set(range(len(names)))
     loose = {p.name for p in kernel.params if p.do_not_specialize}

@@ -89,7 +89,7 @@ def test_let_names_survive_into_the_kernel():
 
 @pytest.mark.parametrize("path", EVERY, ids=lambda p: p.stem)
 def test_one_kernel_interface_gives_the_signature_and_each_family_only_what_it_reads(path):
-    """tds_ARGS is the kernel's signature; the kernel reads every one of its arguments (a tensor read
+    """The spec's args are the kernel's signature; the kernel reads every one of its arguments (a tensor read
     only through the host's TMA descriptors is not one); each family's parameters are kernel arguments
     (or the epoch the kernel hands down) and every one of them is used in the family's body."""
     import ast
@@ -97,10 +97,11 @@ def test_one_kernel_interface_gives_the_signature_and_each_family_only_what_it_r
     tree = ast.parse(text)
     functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
     namespace: dict = {}
-    exec(compile(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign))
-                             and (not isinstance(n, ast.Assign) or n.targets[0].id == "tds_ARGS")], []),
+    exec(compile(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], []),
                  "<module>", "exec"), namespace)
-    names = [a.name for a in namespace["tds_ARGS"]]
+    spec, = (n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "tds_SPEC")
+    args, = (k.value for k in spec.keywords if k.arg == "args")
+    names = [a.name for a in eval(compile(ast.Expression(args), "<args>", "eval"), namespace)]
     assert [a.arg for a in functions["tds_kernel"].args.args] == names
     for name, function in functions.items():
         if name == "tds_kernel":

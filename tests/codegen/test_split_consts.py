@@ -26,14 +26,15 @@ mine[s] after put[rank] @ s
 
 
 def _family(module, name):
-    return next(f for f in module.tds_FAMILIES if f.name == name)
+    return next(f for f in module.tds_SPEC.families if f.name == name)
 
 
 @pytest.mark.parametrize("consts, parts", [({}, 4), ({"PIECES": 1}, 1), ({"PIECES": 16}, 16)])
 def test_the_module_splits_each_instance_in_the_parts_the_build_sets(consts, parts):
     module = build_module(SOURCE, consts)
     assert _family(module, "put").split == parts and _family(module, "mine").split == parts
-    counts = module.tds_counts({**module.tds_CONSTS, "M": 8, "N": 4, "rank": 0, "world": 2, "nodes": 1, "local_world": 2})
+    spec = module.tds_SPEC
+    counts = spec.counts({**spec.consts, "M": 8, "N": 4, "rank": 0, "world": 2, "nodes": 1, "local_world": 2})
     assert counts == {"put": 2, "mine": 2}
     text = run(SOURCE, consts=consts).module
     if parts > 1:  # each program takes one part of one instance; a consumer waits for every part

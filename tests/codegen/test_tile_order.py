@@ -17,8 +17,8 @@ def wave_footprint(path: str, sizes: dict, tile_of, rank: int = 0, world: int = 
     """Per wave of `tile_of(instance number)` tuples (batch, row block, column block): the batches,
     row blocks and column blocks it touches."""
     module = build_module(ROOT / path)
-    env = {**module.tds_CONSTS, **sizes, "rank": rank, "world": world}
-    order = module.tds_orders(env)["mm"]
+    env = {**module.tds_SPEC.consts, **sizes, "rank": rank, "world": world}
+    order = module.tds_SPEC.orders(env)["mm"]
     waves = [order[at:at + WAVE] for at in range(0, len(order), WAVE)]
     return env, [[tile_of(env, t) for t in wave] for wave in waves]
 

@@ -86,9 +86,9 @@ tile mm[i in cdiv(M, BM), j in cdiv(N, BN)]: C[i*BM : +BM, j*BN : +BN] = A[i*BM 
     ({"bfloat16": torch.float32}, "its rows are 132 bytes (33 x float32; the program declares bfloat16)"),
 ])
 def test_the_launcher_names_the_dtype_it_judged_and_the_declared_one(override, expected):
-    module = types.SimpleNamespace(tds_TENSORS=[types.SimpleNamespace(name="A", where="programs/gemm.tds:7")],
-                                   tds_ARGS=[Arg("tds_desc_mm_a", Kind.DESCRIPTOR, "A", "bfloat16", (128, 64))])
+    program = types.SimpleNamespace(tensors=[types.SimpleNamespace(name="A", where="programs/gemm.tds:7")],
+                                    args=[Arg("tds_desc_mm_a", Kind.DESCRIPTOR, "A", "bfloat16", (128, 64))])
     with pytest.raises(LaunchError, match=r"tensor 'A' \(programs/gemm.tds:7\)") as raised:
-        _tma_rows(module, {"A": (128, 33)}, {}, override)
+        _tma_rows(program, {"A": (128, 33)}, {}, override)
     assert expected in str(raised.value)
-    _tma_rows(module, {"A": (128, 40)}, {}, override)  # 80 or 160 bytes: whole 16s
+    _tma_rows(program, {"A": (128, 40)}, {}, override)  # 80 or 160 bytes: whole 16s

@@ -18,8 +18,8 @@ def _module(consts: tuple):
 
 def slices(B, C, HKV=8, H=64, world=2, **consts):
     module = _module(tuple(sorted(consts.items())))
-    env = {"B": B, "H": H, "HKV": HKV, "C": C, "rank": 0, "world": world, **module.tds_CONSTS}
-    return module.tds_tensor_shapes(env)["Part"][0]
+    env = {"B": B, "H": H, "HKV": HKV, "C": C, "rank": 0, "world": world, **module.tds_SPEC.consts}
+    return module.tds_SPEC.tensor_shapes(env)["Part"][0]
 
 
 @pytest.mark.parametrize("C, want", [(1024, 2), (4096, 8), (16384, 16), (65536, 16), (131072, 16)])

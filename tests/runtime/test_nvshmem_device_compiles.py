@@ -108,7 +108,7 @@ def test_the_separate_entry_of_a_program_written_for_nodes_links_nvshmem_for_sm9
             return lambda *args, **options: launched.append((grid, args, options))
     monkeypatch.setattr(sync, "barrier_nodes", Recorder())
     issuing = issue.Issuing()
-    issuing.module = SimpleNamespace(tds_DISTRIBUTED=True, tds_SPANS_NODES=True)
+    issuing.spec = SimpleNamespace(distributed=True, spans_nodes=True)
     issuing.replay, issuing._epoch_cell, issuing.max_spins = False, "cell", 7
     call = SimpleNamespace(enter_replay=None, barrier=("bar", "peers", "shmem", 3, 2, 2), diag="diag",
                            options={"extern_libs": libs, "num_warps": 4})

@@ -91,10 +91,10 @@ def test_the_launcher_has_a_value_for_every_kernel_parameter(path, monkeypatch):
     if not call.grid:
         return  # copy-engine only: no kernel to relaunch
     compiled = FakeCompiled()
-    Replay(module.tds_kernel, compiled, (call.grid,), {**call.kernel_args, **call.roles})()
+    Replay(module.tds_SPEC.kernel, compiled, (call.grid,), {**call.kernel_args, **call.roles})()
     (_, args), = compiled.launches
-    assert len(args) == len(module.tds_kernel.arg_names)
-    assert args[module.tds_kernel.arg_names.index("tds_epoch_cell")] is program._epoch_cell
+    assert len(args) == len(program.spec.kernel.arg_names)
+    assert args[program.spec.kernel.arg_names.index("tds_epoch_cell")] is program._epoch_cell
 
 
 def test_num_warps_overrides_the_launch_options_and_must_be_a_power_of_two():

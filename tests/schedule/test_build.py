@@ -162,9 +162,9 @@ def test_the_generated_launcher_checks_require_before_anything_runs():
     from tiledsl.api import build_module
     module = build_module(REQUIRE, {})
     env = {"rank": 0, "world": 2, "BLOCK": 1024}
-    failed = [message for ok, message in module.tds_conditions({**env, "N": 3072}) if not ok]
+    failed = [message for ok, message in module.tds_SPEC.conditions({**env, "N": 3072}) if not ok]
     assert len(failed) == 2 and failed[0].startswith("N % (2 * BLOCK) == 0 is required (")
-    assert all(ok for ok, _ in module.tds_conditions({**env, "N": 8192}))
+    assert all(ok for ok, _ in module.tds_SPEC.conditions({**env, "N": 8192}))
 
 
 def test_a_require_that_can_never_hold_is_refused_at_its_line():

@@ -33,33 +33,34 @@ def arch_number(arch: str) -> int:
 PARAM_AT_BUILD = 4096  # every param of a build without a GPU, unless `sizes` names it
 
 
-def build_env(module, sizes: dict | None = None) -> dict:
+def build_env(spec, sizes: dict | None = None) -> dict:
     """The environment a build for an arch (no GPU, no launch) evaluates the module's blocks in: rank 0
     of 4 on 2 nodes, every param PARAM_AT_BUILD."""
-    return {"rank": 0, "world": 4, "nodes": 2, "local_world": 2, **module.tds_CONSTS,
-            **{p: PARAM_AT_BUILD for p in module.tds_PARAMS}, **(sizes or {})}
+    return {"rank": 0, "world": 4, "nodes": 2, "local_world": 2, **spec.consts,
+            **{p: PARAM_AT_BUILD for p in spec.params}, **(sizes or {})}
 
 
 def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype: str | None = None,
                    trace: bool = False, options: dict | None = None, only: str | None = None):
-    """Compile `module.tds_kernel` for `arch` with every family enabled (or family `only`); returns
-    Triton's CompiledKernel. The signature comes from the module's one list of kernel arguments
-    (`tds_ARGS`); `dtype` replaces the tensors' own (an fp16 build of a bf16 program, say)."""
+    """Compile the module's kernel for `arch` with every family enabled (or family `only`); returns
+    Triton's CompiledKernel. The signature comes from the one list of kernel arguments in the module's
+    spec (`ProgramSpec.args`); `dtype` replaces the tensors' own (an fp16 build of a bf16 program, say)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tiledsl.runtime.specs import Kind, host_table, kernel_options, operand_bytes
+    from tiledsl.runtime.specs import Kind, kernel_options, operand_bytes, spec_of
 
-    env = build_env(module, sizes)
-    blocks = host_table(module, "tds_blocks", env)
-    tensors = {t.name for t in module.tds_TENSORS}
+    spec = spec_of(module)
+    env = build_env(spec, sizes)
+    blocks = spec.blocks(env)
+    tensors = {t.name for t in spec.tensors}
     # What the JIT assumes on a GPU: torch's allocations are 16-byte aligned, and an integer argument
     # that 16 divides is marked so (rank and the spin bound are never specialised). Without it the
     # compiled loads are not vectorised, nor software-pipelined, as they are at run time.
     aligned = [["tt.divisibility", 16]]
     signature, constexprs, attrs = {}, {}, {}
-    for position, arg in enumerate(module.tds_ARGS):
+    for position, arg in enumerate(spec.args):
         if arg.kind is Kind.DESCRIPTOR:
             element = DTYPES[dtype or arg.dtype].signature
             signature[arg.name] = f"tensordesc<{element}[{','.join(map(str, arg.block))}]>"
@@ -68,7 +69,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             signature[arg.name] = "*" + DTYPES[own].signature
             attrs[(position,)] = aligned
         elif arg.kind is Kind.CONST:
-            constexprs[arg.name] = module.tds_CONSTS[arg.name]
+            constexprs[arg.name] = spec.consts[arg.name]
         elif arg.kind is Kind.BLOCK:
             constexprs[arg.name] = blocks[arg.name]
         elif arg.kind is Kind.ROLE:
@@ -84,12 +85,12 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     import torch
     # `options`: num_warps, num_stages as at launch
     # the stages fit the operands as the program declares them (an f32 product: 4-byte elements), as at launch
-    element = getattr(torch, dtype).itemsize if dtype else operand_bytes(module)
-    options = {**kernel_options(module, element), **(options or {})}
-    if module.tds_USES_NVSHMEM:
+    element = getattr(torch, dtype).itemsize if dtype else operand_bytes(spec)
+    options = {**kernel_options(spec, element), **(options or {})}
+    if spec.uses_nvshmem:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())
-    source = ASTSource(fn=module.tds_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    source = ASTSource(fn=spec.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch_number(arch), 32), options=options)
 
 

@@ -1,6 +1,6 @@
 """The kernel's arguments, described once. The kernel signature, each family's parameter list (only
 what the family reads), the launcher's arguments, the sm_90 ahead-of-time signature, graph replay and
-emulation are all produced from this one list (`tds_ARGS` in a generated module)."""
+emulation are all produced from this one list (`args` of a generated module's ProgramSpec)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

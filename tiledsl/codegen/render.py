@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 
 from tiledsl.codegen import body, printer
+from tiledsl.codegen.interface import signal_dtype
 from tiledsl.codegen.lines import WIDTH, always, comment, kernel_code, wrap
 from tiledsl.codegen.plan import KernelPlan
 from tiledsl.codegen.printer import AXES, renames, slot_code
@@ -30,6 +31,7 @@ def _environment() -> jinja2.Environment:
     env.globals["device_descriptors"] = lambda plan: any(  # TMA descriptors made on the device
         isinstance(s, body.MakeDescriptor) for f in plan.kernel_families for s in body.walk(f.head + f.body))
     env.globals["statements"] = printer.statements
+    env.globals["signal_dtype"] = signal_dtype
     return env
 
 

@@ -92,7 +92,7 @@ def _interpreter_quiet():
 
 
 class Issuing:
-    """The issue paths of `launch.Program`, which owns the module, the epoch cell and the streams."""
+    """The issue paths of `launch.Program`, which owns the module's spec, the epoch cell and the streams."""
 
     trace = False  # stamp a timeline (launch.Program sets it)
 
@@ -103,7 +103,7 @@ class Issuing:
 
     def _issue_families(self, call):
         self._begin(call)
-        for spec in self.module.tds_FAMILIES:
+        for spec in self.spec.families:
             if spec.name in self.skip:
                 continue
             if spec.engine == "copy_engine":
@@ -117,7 +117,7 @@ class Issuing:
                             counted = f"row {index}" if elsewhere is None else \
                                 f"rank {elsewhere[0]}'s row {elsewhere[1]}"
                             raise ScheduleTimeout(
-                                f"rank {self.rank} timed out waiting on edge {edge}: {self.module.tds_EDGES[edge]} "
+                                f"rank {self.rank} timed out waiting on edge {edge}: {self.spec.edges[edge]} "
                                 f"(copy engine, {counted}: expected {expected} of its instances done, saw "
                                 f"{int(count[index])})")
                     if row is not None:
@@ -141,7 +141,7 @@ class Issuing:
 
     def _launch(self, grid: int, args: dict, roles: dict, options: dict):
         """The persistent kernel through Triton's JIT (compiling on first use); returns the compiled kernel."""
-        return self.module.tds_kernel[(grid,)](**args, **roles, **options)
+        return self.spec.kernel[(grid,)](**args, **roles, **options)
 
     def _begin(self, call, captured: bool = False):
         """What every call does first, emulated or not: stage the inputs, zero the counts copy-engine
@@ -152,7 +152,7 @@ class Issuing:
         if captured and call.staged:
             self._enter(call)
         if self.trace:  # the timeline's origin: stamped by the kernel's first program, by the host emulated
-            entry = call.kernel_args["tds_entry_trace"]
+            entry = call.kernel_args[self.spec.entry_trace]
             entry.zero_()
             if self.emulated:
                 entry[0, timeline.START] = timeline._host_now()
@@ -170,12 +170,12 @@ class Issuing:
             call.enter_replay()
             return
         options = {}
-        if self.module.tds_DISTRIBUTED and getattr(self.module, "tds_SPANS_NODES", False):
+        if self.spec.distributed and self.spec.spans_nodes:
             function, args = sync.barrier_nodes, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
             # its second level signals and waits through NVSHMEM: linked with it like the kernel (and
             # its module initialised by the same post-compile hook)
             options = {"extern_libs": call.options["extern_libs"]} if "extern_libs" in call.options else {}
-        elif self.module.tds_DISTRIBUTED:
+        elif self.spec.distributed:
             function, args = sync.barrier_all, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
         else:
             function, args = sync.enter, (self._epoch_cell,)
@@ -208,7 +208,7 @@ class Issuing:
         elif call.grid:
             compiled = self._launch(call.grid, call.kernel_args, call.roles, call.options)
             if self.replay:
-                call.kernel_replay = Replay(self.module.tds_kernel, compiled, (call.grid,),
+                call.kernel_replay = Replay(self.spec.kernel, compiled, (call.grid,),
                                             {**call.kernel_args, **call.roles})
         if beside is not None:
             beside.issue()

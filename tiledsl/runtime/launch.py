@@ -21,8 +21,8 @@ from tiledsl.runtime import guards, sync, timeline, validate
 from tiledsl.runtime.issue import (CapacityExceeded, CopyOp, DataError, IndexOutOfRange, Issuing, PreparedCall,
                                    ScheduleTimeout, goes_first)
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
-    Arg, FamilySpec, Kind, SharedMemoryError, TensorSpec, host_table, kernel_options, linear, operand_bytes, ordered_instances,
-    pipeline_stages, pow2_at_least, unlinear)
+    Arg, FamilySpec, GuardSpec, Kind, ProgramSpec, SharedMemoryError, TensorSpec, kernel_options, linear, operand_bytes,
+    ordered_instances, pipeline_stages, pow2_at_least, spec_of, unlinear)
 from tiledsl.runtime.validate import LaunchError
 from tiledsl.topology import Topology
 
@@ -69,13 +69,15 @@ class Resources:
 
 class Program(Issuing):
     """A compiled program bound to a rank. Call it with the caller's tensors (in, out and inout, in
-    declaration order, or by name); it returns the out and inout tensors."""
+    declaration order, or by name); it returns the out and inout tensors. What the module's code
+    generation decided is read from its one ProgramSpec (`self.spec`)."""
 
     def __init__(self, module, heap=None, emulated: bool | None = None, wait_timeout_s: float = 5.0,
                  dtype_override: dict | None = None, num_sms: int | None = None, skip: tuple = (), replay: bool = True,
                  graphs: bool = True, num_warps: int | None = None, fold_entry: bool = True, trace: bool = False,
                  num_stages: int | None = None, **consts):
         self.module = module
+        self.spec = spec = spec_of(module)
         self.emulated = sync.EMULATED if emulated is None else emulated
         if self.emulated:  # a program emulated in this process, not only in emulated ranks
             from tiledsl.runtime import interpreter_fixes
@@ -110,12 +112,12 @@ class Program(Issuing):
         self.trace = trace
         self._epoch_cell = None  # int32 on the device: the epoch the running call's kernels read
         # staged inputs alternate between two heap copies by epoch parity: one prepared call for each
-        self._staging = any(t.staged for t in module.tds_TENSORS)
+        self._staging = any(t.staged for t in spec.tensors)
         self.epoch = 0
-        self.callers = [t for t in module.tds_TENSORS if t.role in ("in", "out", "inout")]
-        if getattr(module, "tds_DEVICE_DESCRIPTORS", False):
+        self.callers = [t for t in spec.tensors if t.role in ("in", "out", "inout")]
+        if spec.device_descriptors:
             _device_scratch()
-        if module.tds_DISTRIBUTED and self.topology.nodes > 1 and not self.spans_nodes:
+        if spec.distributed and self.topology.nodes > 1 and not spec.spans_nodes:
             name = (module.__doc__ or "this program").split(":")[0]
             raise LaunchError(
                 f"{name}: this launch has {self.topology} ranks, and the program names no topology: it reaches "
@@ -150,11 +152,6 @@ class Program(Issuing):
         return self.heap.topology if self.heap is not None else Topology.one_node(1)
 
     @property
-    def spans_nodes(self) -> bool:
-        """Written for several nodes (it names the topology): it may run on any."""
-        return getattr(self.module, "tds_SPANS_NODES", False)
-
-    @property
     def device(self) -> torch.device:
         if self.heap is not None:
             return self.heap.device
@@ -168,17 +165,17 @@ class Program(Issuing):
 
     # ---- buffers, signals and tables for one set of sizes ---------------------------------------
     def _resources_for(self, env: dict) -> Resources:
-        key = tuple(sorted((k, v) for k, v in env.items() if k in self.module.tds_PARAMS))
+        key = tuple(sorted((k, v) for k, v in env.items() if k in self.spec.params))
         if key in self._resources:
             return self._resources[key]
-        if self.heap is None and (self.module.tds_DISTRIBUTED or self.world > 1):
+        if self.heap is None and (self.spec.distributed or self.world > 1):
             raise LaunchError("this program communicates: give it a symmetric heap "
                               "(tiledsl.runtime.heap.open_heap() under torchrun)")
 
-        shapes = self.module.tds_tensor_shapes(env)
-        counts = self.module.tds_counts(env)
+        shapes = self.spec.tensor_shapes(env)
+        counts = self.spec.counts(env)
         res = Resources()
-        for spec in self.module.tds_TENSORS:
+        for spec in self.spec.tensors:
             dtype = self.dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
             if spec.staged:
                 # Staged inputs are written before the entry barrier, while peers may still be reading
@@ -192,7 +189,7 @@ class Program(Issuing):
                 # zero at first, then what each call leaves there for the next, like symm tensors (the
                 # reference means the same)
                 res.tensors[spec.name] = torch.zeros(shapes[spec.name], dtype=dtype, device=self.device)
-        for spec in self.module.tds_FAMILIES:
+        for spec in self.spec.families:
             if spec.count_peers:
                 # every rank's rows in every rank's copy: the producer on rank s counts its rows into
                 # [s, :] of each rank, where a copy engine waits on them
@@ -201,28 +198,26 @@ class Program(Issuing):
                 # instances done per first index, zeroed at each call (one per instance is room enough)
                 res.counts[spec.name] = torch.zeros(counts[spec.name], dtype=torch.int32, device=self.device)
             if spec.notify:
-                slots = max(1, counts[spec.name] * spec.split)  # a family may have no instance at this world
-                # NVSHMEM writes 64-bit signals (a put's, a signal from another node); other slots are 32-bit
-                dtype = torch.int64 if spec.engine == "nvshmem" or spec.notify == "world" else torch.int32
-                res.signals[spec.name] = self._alloc_signals((self.world, slots), dtype)
-        if self.module.tds_DISTRIBUTED and self.spans_nodes:
+                res.signals[spec.name] = self._alloc_signals((self.world, spec.slots(counts[spec.name])),
+                                                             getattr(torch, spec.signal_dtype))
+        if self.spec.distributed and self.spec.spans_nodes:
             # two levels: one slot per rank of the node, then one per node (an NVSHMEM signal, 64-bit);
             # entry, then exit slots
             levels = self.topology.local_world + self.topology.nodes
             res.barrier = self._alloc_signals((2 * levels,), torch.int64)
-        elif self.module.tds_DISTRIBUTED:
+        elif self.spec.distributed:
             res.barrier = self._alloc_signals((2 * self.world,), torch.int32)  # entry, then exit slots
-        for name, order in host_table(self.module, "tds_orders", env).items():
+        for name, order in self.spec.orders(env).items():
             res.orders[name] = order
             res.order_tables[name] = torch.tensor(order, dtype=torch.int32, device=self.device)
-        res.blocks = host_table(self.module, "tds_blocks", env)
+        res.blocks = self.spec.blocks(env)
         res.shapes = shapes
         res.diag = torch.zeros(sync.DIAG_SIZE, dtype=torch.int32, device=self.device)
-        for spec in self.module.tds_FAMILIES:  # timeline rows: one per instance part when traced, else one
+        for spec in self.spec.families:  # timeline rows: one per instance part when traced, else one
             rows = counts[spec.name] * spec.split if self.trace else 1
             res.traces[spec.name] = torch.zeros(rows, timeline.FIELDS, dtype=torch.int64, device=self.device)
         res.trace_entry = torch.zeros(1, timeline.FIELDS, dtype=torch.int64, device=self.device)
-        if self.trace and not self.emulated and any(f.engine == "copy_engine" for f in self.module.tds_FAMILIES):
+        if self.trace and not self.emulated and any(f.engine == "copy_engine" for f in self.spec.families):
             # The copy stream stamps with a small kernel: compile and load it now. Its first launch would
             # load its module, which waits for the device, where the kernel waits for the copies (a hang,
             # seen on H200 in bench_trace at ag_gemm).
@@ -367,7 +362,7 @@ class Program(Issuing):
         """The kernel arguments that follow a caller tensor's address (the tensor, its TMA descriptor, the
         offsets from it to the peers' staged copies): fixed by the module, worked out once."""
         callers = {t.name for t in self.callers}
-        return [a for a in self.module.tds_ARGS if a.of in callers and a.kind in (
+        return [a for a in self.spec.args if a.of in callers and a.kind in (
             Kind.TENSOR, Kind.DESCRIPTOR, Kind.PEERS, Kind.SHMEM)]
 
     def _rebind(self, template: "PreparedCall", tensors) -> "PreparedCall":
@@ -385,10 +380,10 @@ class Program(Issuing):
         copies = template.copies
         if copies:  # copy-engine chunks read and write views of the caller's tensors: made again (host only)
             res = self._resources_for(template.env)  # the template's, already there
-            views = {**tensors, **{spec.name: res.tensors[spec.name] for spec in self.module.tds_TENSORS
+            views = {**tensors, **{spec.name: res.tensors[spec.name] for spec in self.spec.tensors
                                    if not spec.staged and spec.name in res.tensors}}
             copies = {name: self._copy_ops(spec, template.env, res, views, template.shared)
-                      for spec in self.module.tds_FAMILIES if (name := spec.name) in copies}
+                      for spec in self.spec.families if (name := spec.name) in copies}
         return dataclasses.replace(template, kernel_args=args, staged=staged, kernel_replay=kernel_replay,
                                    copies=copies, issued=False, graph=None, copy_list=None)
 
@@ -405,7 +400,7 @@ class Program(Issuing):
         call.graph = None
 
     def _prepare(self, tensors, parity: int) -> "PreparedCall":
-        env = validate.sizes(self.module, self.callers, tensors, self.rank, self.world, self.dtype_override,
+        env = validate.sizes(self.spec, self.callers, tensors, self.rank, self.world, self.dtype_override,
                              self.device, self.topology)
         if self._epoch_cell is None:
             # [epoch, programs finished]: the second is the count a kernel that is its own entry keeps
@@ -418,7 +413,7 @@ class Program(Issuing):
         views = dict(tensors)
         shared = {}  # staged tensor -> its heap copy for this parity, or the caller's own heap tensor
         in_place = set()
-        for spec in self.module.tds_TENSORS:
+        for spec in self.spec.tensors:
             if spec.staged and spec.role == "in" and self.heap is not None and self.heap.owns(tensors[spec.name]):
                 shared[spec.name] = tensors[spec.name]
                 in_place.add(spec.name)
@@ -428,25 +423,25 @@ class Program(Issuing):
                 views[spec.name] = res.tensors[spec.name]
         # alone (world 1) no peer reads a staged copy, unless the kernel itself reads the tensor through its
         # peer offsets (which lead to the copy); a copy-engine chunk's own-rank source is the caller's tensor
-        through_peers = {a.of for a in self.module.tds_ARGS if a.kind in (Kind.PEERS, Kind.SHMEM)}
+        through_peers = {a.of for a in self.spec.args if a.kind in (Kind.PEERS, Kind.SHMEM)}
         staged = [(shared[name], tensors[name]) for name in shared if name not in in_place
                   and (self.world > 1 or name in through_peers)]
         barrier = ()
-        if self.module.tds_DISTRIBUTED and self.spans_nodes:
+        if self.spec.distributed and self.spec.spans_nodes:
             topology = self.topology
             barrier = (res.barrier, self._peer_offsets(res.barrier),
                        self._peer_offsets(res.barrier, shmem=True), self.rank, topology.nodes, topology.local_world)
-        elif self.module.tds_DISTRIBUTED:
+        elif self.spec.distributed:
             barrier = (res.barrier, self._peer_offsets(res.barrier), self.rank, self.world)
         copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
-                  for spec in self.module.tds_FAMILIES if spec.engine == "copy_engine" and spec.name not in self.skip}
+                  for spec in self.spec.families if spec.engine == "copy_engine" and spec.name not in self.skip}
         beside = any(not goes_first(op) for ops in copies.values() for op in ops)
         roles, grid = (None, 0) if self.emulated else self._roles(env, copies_beside=beside)
         fold = self._folds_entry(copies, staged, grid)
         if roles is not None:
             roles.update(tds_ENTER=fold, tds_EXIT=bool(in_place), tds_TRACE=self.trace)
         args = self._kernel_args(env, res, views, shared, barrier)
-        counts = [res.counts[spec.name] for spec in self.module.tds_FAMILIES if spec.counted]
+        counts = [res.counts[spec.name] for spec in self.spec.families if spec.counted]
         return PreparedCall(env, res.diag, staged, barrier, args, copies, roles, grid, self._options(env), fold,
                             counts, exit=bool(in_place), shared=shared)
 
@@ -460,12 +455,12 @@ class Program(Issuing):
         if copies or staged or not self.fold_entry:
             return False
         if self.emulated:
-            return len([f for f in self.module.tds_FAMILIES if f.name not in self.skip]) == 1
+            return len([f for f in self.spec.families if f.name not in self.skip]) == 1
         return grid > 0
 
     @functools.cached_property
     def _specs(self) -> dict:
-        return {spec.name: spec for spec in self.module.tds_TENSORS}
+        return {spec.name: spec for spec in self.spec.tensors}
 
     @functools.cached_property
     def _own_offsets(self) -> torch.Tensor:
@@ -479,11 +474,11 @@ class Program(Issuing):
         staged (a copy of the whole tensor before the kernel: moe_combine_direct's Y, 470 MB at 4096
         tokens). Not one NVSHMEM reads: NVSHMEM addresses the heap only."""
         return self.world == 1 and spec.staged and spec.role == "in" and not any(
-            a.of == spec.name and a.kind is Kind.SHMEM for a in self.module.tds_ARGS)
+            a.of == spec.name and a.kind is Kind.SHMEM for a in self.spec.args)
 
     def _kernel_args(self, env, res, views, shared, barrier) -> dict:
         """Every argument of the kernel but its roles, by name, from the module's one list of them."""
-        return {arg.name: self._kernel_arg(arg, env, res, views, shared, barrier) for arg in self.module.tds_ARGS
+        return {arg.name: self._kernel_arg(arg, env, res, views, shared, barrier) for arg in self.spec.args
                 if arg.kind is not Kind.ROLE}
 
     def _kernel_arg(self, arg, env, res, views, shared, barrier):
@@ -534,8 +529,8 @@ class Program(Issuing):
     def _roles(self, env, only: str | None = None, copies_beside: bool = False) -> tuple[dict, int]:
         """RUN/START/PROGRAMS for every kernel family, and the grid size (`copies_beside`: copy-engine
         chunks run beside the kernel)."""
-        counts = self.module.tds_counts(env)
-        kernel = [f for f in self.module.tds_FAMILIES if f.engine != "copy_engine"]
+        counts = self.spec.counts(env)
+        kernel = [f for f in self.spec.families if f.engine != "copy_engine"]
         roles, start = {}, 0
         if only is not None:
             for f in kernel:
@@ -580,14 +575,14 @@ class Program(Issuing):
 
     def _options(self, env) -> dict:
         try:  # emulated there is no shared memory (and bf16 runs as fp32 there, on the blocks chosen for bf16)
-            options = kernel_options(self.module, 2 if self.emulated else self._operand_bytes())
+            options = kernel_options(self.spec, 2 if self.emulated else self._operand_bytes())
         except SharedMemoryError as error:
             raise LaunchError(str(error)) from None
         if self.num_warps is not None:
             options["num_warps"] = self.num_warps
         if self.num_stages is not None:
             options["num_stages"] = self.num_stages
-        if self.module.tds_USES_NVSHMEM and not self.emulated:
+        if self.spec.uses_nvshmem and not self.emulated:
             from tiledsl.runtime import nvshmem_device
             nvshmem_device.init_module_hook()
             options["extern_libs"] = nvshmem_device.extern_libs()
@@ -595,7 +590,7 @@ class Program(Issuing):
 
     def _operand_bytes(self) -> int:
         """Bytes of an element of the products' operands as this program runs them (declared, or overridden)."""
-        return operand_bytes(self.module, self.dtype_override)
+        return operand_bytes(self.spec, self.dtype_override)
 
     def _copy_ops(self, spec, env, res, views, shared) -> list:
         """A CopyOp (target, source, signals, waits, timeline row, local) for each instance in order.
@@ -619,11 +614,11 @@ class Program(Issuing):
         node = [r for r in range(self.world) if self.topology.same_node(self.rank, r)]
         ranks = [] if signals is None else [self.rank] if spec.notify == "local" else \
             node if spec.notify == "node" else list(range(self.world))
-        view_of = getattr(self.module, f"tds_views_{spec.name}")
-        waits_of = getattr(self.module, f"tds_waits_{spec.name}", None)
-        count_of = self.module.tds_counts(env)
+        view_of = self.spec.views[spec.name]
+        waits_of = self.spec.waits.get(spec.name)
+        count_of = self.spec.counts(env)
         count = count_of[spec.name]
-        counted_peers = {f.name: f.count_peers for f in self.module.tds_FAMILIES}
+        counted_peers = {f.name: f.count_peers for f in self.spec.families}
         ops = []
         for instance in res.orders[spec.name]:
             touched.clear()
@@ -647,13 +642,13 @@ class Program(Issuing):
 
     def _guard_error(self, res: Resources, diag, site: int) -> Exception:
         """The error a guard site reported: a count above its cap, or an index out of its range."""
-        kind, tensor, target, declared = self.module.tds_GUARDS[site]
-        shape = res.shapes[tensor]
+        guard = self.spec.guards[site]
+        shape = res.shapes[guard.tensor]
         rank, element = int(diag[sync.DIAG_RANK]), guards.unflatten(int(diag[sync.DIAG_INSTANCE]), shape)
         bound, value = int(diag[sync.DIAG_EXPECTED]), int(diag[sync.DIAG_SEEN])
-        if kind == guards.CAPACITY:
-            return guards.capacity_error(rank, tensor, element, value, bound, declared)
-        return guards.index_error(rank, tensor, element, value, bound, target, declared)
+        if guard.kind == guards.CAPACITY:
+            return guards.capacity_error(rank, guard.tensor, element, value, bound, guard.declared)
+        return guards.index_error(rank, guard.tensor, element, value, bound, guard.target, guard.declared)
 
     def trace_buffers(self) -> dict:
         """The last traced call's timeline rows on this rank: per family, and the entry's (runtime/timeline.py)."""
@@ -716,13 +711,13 @@ class Program(Issuing):
                 if edge <= sync.GUARD_EDGE:
                     raise self._guard_error(res, diag, sync.GUARD_EDGE - edge)
                 what = "the entry barrier" if edge == sync.BARRIER_EDGE else "the exit barrier" \
-                    if edge == sync.EXIT_EDGE else f"edge {edge}: {self.module.tds_EDGES[edge]}"
+                    if edge == sync.EXIT_EDGE else f"edge {edge}: {self.spec.edges[edge]}"
                 raise ScheduleTimeout(
                     f"rank {int(diag[sync.DIAG_RANK])} timed out waiting on {what} "
                     f"(waiting instance {int(diag[sync.DIAG_INSTANCE])}, expected epoch "
                     f"{int(diag[sync.DIAG_EXPECTED])}, saw {int(diag[sync.DIAG_SEEN])})")
 
 
-__all__ = ["Program", "Arg", "Kind", "TensorSpec", "FamilySpec", "LaunchError", "ScheduleTimeout", "DataError",
-           "CapacityExceeded", "IndexOutOfRange", "linear",
-           "unlinear", "ordered_instances", "pow2_at_least", "kernel_options", "pipeline_stages"]
+__all__ = ["Program", "ProgramSpec", "Arg", "Kind", "TensorSpec", "FamilySpec", "GuardSpec", "LaunchError",
+           "ScheduleTimeout", "DataError", "CapacityExceeded", "IndexOutOfRange", "linear", "unlinear",
+           "ordered_instances", "pow2_at_least", "kernel_options", "pipeline_stages"]

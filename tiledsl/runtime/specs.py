@@ -1,12 +1,14 @@
-"""What a generated module declares about itself (its kernel's arguments, tensors and families), and
-the launch arithmetic that code generation and the launcher share (pipeline stages, warps,
-power-of-two blocks, instance numbering and order), and TMA's row rule that both judge by."""
+"""What a generated module declares about itself, in one object (`ProgramSpec`: its kernel, the kernel's
+arguments, tensors, families, guards, edges and host functions); the launch arithmetic that code
+generation and the launcher share (pipeline stages, warps, power-of-two blocks, instance numbering and
+order); and TMA's row rule that both judge by."""
 from __future__ import annotations
 
 import enum
 import itertools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from tiledsl.tables import DTYPES
 
@@ -85,13 +87,68 @@ class FamilySpec:
     # ... in every rank's copy of the counts, [world, instances] on the heap: a copy engine elsewhere waits
     count_peers: bool = False
     warps: int = 4         # warps its largest block needs in registers (codegen/blocks.py)
+    # its signal slots' dtype, the kernel's (codegen/interface.py: signal_dtype); None where it notifies none
+    signal_dtype: str | None = None
+
+    def slots(self, count: int) -> int:
+        """Signal slots of one rank's row: one per instance part (at least one: a family may have no
+        instance at this world). Slot `instance * split + part` is that part's, single writer."""
+        return max(1, count * self.split)
 
 
-def host_table(module, name: str, env: dict) -> dict:
-    """`module.tds_blocks(env)` or `module.tds_orders(env)`: a program with no launch-time blocks or no
-    ordered family defines no such function, and has none."""
-    function = getattr(module, name, None)
-    return {} if function is None else function(env)
+@dataclass(frozen=True)
+class GuardSpec:
+    """What a guard site reports: a kernel that reports site n gives -3 - n as the edge of its diagnostics."""
+    kind: str             # guards.CAPACITY or guards.INDEX
+    tensor: str           # the tensor whose element broke its bound
+    target: str | None    # what the bound belongs to (a tensor, `histogram()`)
+    declared: str         # the declaration, with its .tds position
+
+
+def no_table(env: dict) -> dict:
+    """The blocks or orders of a program with no launch-time blocks or no ordered family."""
+    return {}
+
+
+@dataclass(frozen=True, eq=False)
+class ProgramSpec:
+    """Everything a generated module tells the runtime and the tools (`module.tds_SPEC`, read through
+    `spec_of`): what code generation decided, as data, so that the launcher, graph replay, emulation,
+    the trace and the builds for an arch decide none of it again. The host functions take the launch
+    environment (params, consts, `rank`, `world`, and `nodes`, `local_world` where the program spans
+    nodes)."""
+    kernel: object                     # the persistent @triton.jit kernel that runs every family on the SMs
+    args: tuple[Arg, ...]              # the kernel's arguments, once: signature, launch, AOT and replay follow
+    tensors: tuple[TensorSpec, ...]
+    families: tuple[FamilySpec, ...]
+    edges: tuple[str, ...]             # each edge's .tds text, by the number a timed-out wait reports
+    params: tuple[str, ...]            # sizes read off the caller's tensors
+    consts: Mapping[str, int]
+    infer_params: Callable[[dict, int], dict]   # (caller tensors' shapes, world) -> the params
+    tensor_shapes: Callable[[dict], dict]       # env -> every tensor's shape
+    conditions: Callable[[dict], list]          # env -> [(holds, message)]: the launch conditions
+    counts: Callable[[dict], dict]              # env -> each family's instances
+    blocks: Callable[[dict], dict] = no_table   # env -> launch-time constexpr blocks, by argument name
+    orders: Callable[[dict], dict] = no_table   # env -> each ordered family's instances in their order
+    # a copy-engine family's (env, tensor(name, owner), instance) -> (source, target) views
+    views: Mapping[str, Callable] = field(default_factory=dict)
+    # ... and (env, instance) -> [(producer, index of its count, count to reach, edge)], where it waits
+    waits: Mapping[str, Callable] = field(default_factory=dict)
+    guards: tuple[GuardSpec, ...] = ()
+    distributed: bool = False          # it reaches other ranks: an entry barrier, a symmetric heap
+    uses_nvshmem: bool = False         # linked with NVSHMEM's device library
+    spans_nodes: bool = False          # written for several nodes: it may run on any topology
+    device_descriptors: bool = False   # TMA descriptors made on the device: scratch through triton.set_allocator
+
+    @property
+    def entry_trace(self) -> str:
+        """The kernel argument that holds the entry's timeline row (the trace's origin)."""
+        return next(a.name for a in self.args if a.kind is Kind.TRACE and a.of is None)
+
+
+def spec_of(module) -> ProgramSpec:
+    """A generated module's contract with the runtime and the tools."""
+    return module.tds_SPEC
 
 
 def pow2_at_least(n: int) -> int:
@@ -116,16 +173,16 @@ def unlinear(number: int, extents: tuple) -> tuple:
 STAGES = "STAGES"  # a program's const naming the pipeline depth of its tiles' loops (see kernel_options)
 
 
-def operand_bytes(module, dtype_override: dict | None = None) -> int:
+def operand_bytes(spec: ProgramSpec, dtype_override: dict | None = None) -> int:
     """Bytes of an element of the products' operands as the program runs them (declared, or through
     `dtype_override`, declared name -> torch dtype): what kernel_options sizes the pipeline stages by."""
     import torch
     override = dtype_override or {}
     return max((override.get(a.dtype, getattr(torch, a.dtype)).itemsize
-                for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR), default=2)
+                for a in spec.args if a.kind is Kind.DESCRIPTOR), default=2)
 
 
-def kernel_options(module, element_size: int = 2) -> dict:
+def kernel_options(spec: ProgramSpec, element_size: int = 2) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block, for operands of `element_size` bytes (2:
     the bf16 a program declares; 4 when it runs in fp32). Blocks that leave room for fewer than two
@@ -133,12 +190,12 @@ def kernel_options(module, element_size: int = 2) -> dict:
     blocks get the warps their largest block needs (4 or 8) and 2 stages, or the program's const
     `STAGES`: the pipeline depth its author measured best (sp_ag_attention's 128-row tiles took 3.20
     against 4.01 ms on 3 stages rather than 2; bench/NOTES.md, session 12)."""
-    descriptors = {a.name: a for a in module.tds_ARGS if a.kind is Kind.DESCRIPTOR}
-    products = [f.name for f in module.tds_FAMILIES if f.matmul]
+    descriptors = {a.name: a for a in spec.args if a.kind is Kind.DESCRIPTOR}
+    products = [f.name for f in spec.families if f.matmul]
     if not products:
         # one kernel runs every family: as many warps as the most demanding tile needs
-        return {"num_warps": max([4] + [getattr(f, "warps", 4) for f in module.tds_FAMILIES]),
-                "num_stages": int(module.tds_CONSTS.get(STAGES, 2))}
+        return {"num_warps": max([4] + [f.warps for f in spec.families]),
+                "num_stages": int(spec.consts.get(STAGES, 2))}
     stages = []
     for f in products:
         # the last two dimensions of each block (an N-D operand's others are 1)

@@ -32,28 +32,29 @@ def bind(program_name: str, callers, args, kwargs) -> dict[str, torch.Tensor]:
             raise LaunchError(f"'{spec.name}' must be a torch.Tensor, got {type(bound[spec.name]).__name__}")
     return bound
 
-def sizes(module, callers, tensors: dict[str, torch.Tensor], rank: int, world: int, dtype_override: dict,
+def sizes(program, callers, tensors: dict[str, torch.Tensor], rank: int, world: int, dtype_override: dict,
           device, topology=None) -> dict:
-    """The program's sizes from the tensors' shapes, after checking every tensor against its declaration:
-    dimensions, launch conditions, shape, dtype, contiguity and device, each failure naming the tensor."""
+    """The program's sizes (`program`: its ProgramSpec) from the tensors' shapes, after checking every
+    tensor against its declaration: dimensions, launch conditions, shape, dtype, contiguity and device,
+    each failure naming the tensor."""
     nodes, local_world = (topology.nodes, topology.local_world) if topology is not None else (1, world)
     shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-    ranks_of = {name: len(shape) for name, shape in module.tds_tensor_shapes(_dummy_env(module, world)).items()}
+    ranks_of = {name: len(shape) for name, shape in program.tensor_shapes(_dummy_env(program, world)).items()}
     for spec in callers:
         expected_rank = ranks_of[spec.name]
         if len(shapes[spec.name]) != expected_rank:
             raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected {expected_rank} dimensions, "
                               f"got shape {list(shapes[spec.name])}")
-    env = {"rank": rank, "world": world, "nodes": nodes, "local_world": local_world, **module.tds_CONSTS}
+    env = {"rank": rank, "world": world, "nodes": nodes, "local_world": local_world, **program.consts}
     try:
-        env.update(module.tds_infer_params(shapes, world))
+        env.update(program.infer_params(shapes, world))
     except ZeroDivisionError:
         raise LaunchError("a tensor has a zero-sized dimension") from None
-    for ok, message in module.tds_conditions(env):
+    for ok, message in program.conditions(env):
         if not ok:
-            detail = ", ".join(f"{p}={env[p]}" for p in module.tds_PARAMS)
+            detail = ", ".join(f"{p}={env[p]}" for p in program.params)
             raise LaunchError(f"{message}; got {detail}, world={world}")
-    expected = module.tds_tensor_shapes(env)
+    expected = program.tensor_shapes(env)
     for spec in callers:
         tensor = tensors[spec.name]
         want_dtype = dtype_override.get(spec.dtype, getattr(torch, spec.dtype))
@@ -67,16 +68,16 @@ def sizes(module, callers, tensors: dict[str, torch.Tensor], rank: int, world: i
         if tensor.device != device:
             raise LaunchError(f"tensor '{spec.name}' ({spec.where}): expected device {device}, "
                               f"got {tensor.device}")
-    _tma_rows(module, expected, tensors, dtype_override)
+    _tma_rows(program, expected, tensors, dtype_override)
     return env
 
 
-def _tma_rows(module, shapes: dict, tensors: dict, dtype_override: dict) -> None:
+def _tma_rows(program, shapes: dict, tensors: dict, dtype_override: dict) -> None:
     """A matrix product reads its operands (and may write its result) through TMA descriptors, which
     need rows of a multiple of 16 bytes and 16-byte aligned bases (runtime/specs.py, the rule that
     `tiledsl run` and the default sizes meet too): say so before Triton asserts."""
-    where = {t.name: t.where for t in module.tds_TENSORS}
-    for arg in module.tds_ARGS:
+    where = {t.name: t.where for t in program.tensors}
+    for arg in program.args:
         if arg.kind != "descriptor":
             continue
         # judged in the dtype the tensor has here (a dtype override's), named as tables.DTYPES names it
@@ -89,8 +90,8 @@ def _tma_rows(module, shapes: dict, tensors: dict, dtype_override: dict) -> None
             raise LaunchError(f"tensor '{arg.of}' ({where[arg.of]}): its data must start at a 16-byte aligned address "
                               "(a TMA descriptor reads it); pass a tensor that does not start mid-allocation")
 
-def _dummy_env(module, world: int) -> dict:
+def _dummy_env(program, world: int) -> dict:
     """Sizes that only serve to count each tensor's dimensions."""
-    env = {"rank": 0, "world": max(1, world), "nodes": 1, "local_world": max(1, world), **module.tds_CONSTS}
-    env.update({p: world * 4096 for p in module.tds_PARAMS})
+    env = {"rank": 0, "world": max(1, world), "nodes": 1, "local_world": max(1, world), **program.consts}
+    env.update({p: world * 4096 for p in program.params})
     return env

@@ -9,7 +9,7 @@ from tiledsl import gpus, pipeline
 from tiledsl.api import build_module
 from tiledsl.codegen.aot import PARAM_AT_BUILD, build_env, compile_kernel, report
 from tiledsl.diagnostics import TdsError, error
-from tiledsl.runtime.specs import host_table
+from tiledsl.runtime.specs import spec_of
 
 
 def compile_report(source, arch: str = "sm_90", consts: dict | None = None) -> str:
@@ -54,8 +54,9 @@ def _block_too_large(source, module, arch: str, consts):
     """The error of a tile whose block holds more elements than one Triton tensor may (a block over a
     whole dimension, `K.T` across a 4096-long sequence), at that tile: each tile compiled alone."""
     done = pipeline.run(source, until="check", consts=consts)
+    spec = spec_of(module)
     found = {}
-    for family in module.tds_FAMILIES:
+    for family in spec.families:
         if family.kind != "tile":
             continue
         try:
@@ -67,9 +68,8 @@ def _block_too_large(source, module, arch: str, consts):
     name = next(iter(found), None)
     elements, limit = found[name] if name else (None, 1 << 20)
     family = done.schedule.families.get(name)
-    blocks = [str(v) for k, v in host_table(module, "tds_blocks", build_env(module)).items()
-              if name and k.startswith(f"tds_BLOCK_{name}_")]
-    sizes = ", ".join(f"{p}={PARAM_AT_BUILD}" for p in module.tds_PARAMS)
+    blocks = [str(v) for k, v in spec.blocks(build_env(spec)).items() if name and k.startswith(f"tds_BLOCK_{name}_")]
+    sizes = ", ".join(f"{p}={PARAM_AT_BUILD}" for p in spec.params)
     what = (f"tile '{name}' holds a block of {elements} elements (its blocks {' x '.join(blocks)} at {sizes})"
             if family is not None else "a block of the kernel is too large")
     span = family.span if family is not None else done.schedule.program.name.span
@@ -84,12 +84,13 @@ def _too_much_shared_memory(source, module, arch: str, consts, total: int):
     """The error of a kernel that cannot launch for its shared memory, at the tile that takes the most
     (each tile's own compile: a kernel holds the largest of its families' needs)."""
     done = pipeline.run(source, until="check", consts=consts)
-    tiles = [f.name for f in module.tds_FAMILIES if f.kind == "tile"]
+    families = {f.name: f for f in spec_of(module).families}
+    tiles = [name for name, f in families.items() if f.kind == "tile"]
     need = {name: total if len(tiles) == 1 else int(compile_kernel(module, arch, only=name).metadata.shared)
             for name in tiles}
     worst = max(need, key=need.get) if need else None
     family = done.schedule.families.get(worst)
-    product = family is not None and getattr(module.tds_FAMILIES[tiles.index(worst)], "matmul", False)
+    product = family is not None and families[worst].matmul
     hint = ("smaller blocks: a smaller BK or BN (-D BK=64)" if product else
             "smaller blocks, or split K: a block that reads a whole dimension (`A[i*BM : +BM, :]`) holds all of it "
             "at once; loop over it in steps: `acc = 0`, `for k in cdiv(K, BK):`, "

@@ -42,7 +42,7 @@ def events(program) -> list[Event]:
     buffers = program.trace_buffers()
     origin = int(buffers["entry"][0, START])
     out = []
-    for spec in program.module.tds_FAMILIES:
+    for spec in program.spec.families:
         rows = buffers[spec.name].cpu()
         for n, (start, waited, end, place) in enumerate(rows.tolist()):
             if start == 0:  # never ran (a family left out, a part past the end)

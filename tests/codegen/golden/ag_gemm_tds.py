@@ -95,61 +95,6 @@ def tds_kernel(C, tds_sig_gather, tds_order_mm, tds_desc_mm_a, tds_desc_mm_b, td
 
 # ---- host side: what the launcher in tiledsl.runtime.launch needs to know about this program ----
 
-# The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
-# replay all follow this list.
-tds_ARGS = (
-    tds_launch.Arg('C', 'tensor', of='C', dtype='bfloat16'),
-    tds_launch.Arg('tds_sig_gather', 'signals', of='gather', dtype='int32'),
-    tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
-    tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A_all', dtype='bfloat16', block=(128, 64)),
-    tds_launch.Arg('tds_desc_mm_b', 'descriptor', of='B', dtype='bfloat16', block=(64, 256)),
-    tds_launch.Arg('tds_desc_mm_c', 'descriptor', of='C', dtype='bfloat16', block=(128, 256)),
-    tds_launch.Arg('M', 'size'),
-    tds_launch.Arg('K', 'size'),
-    tds_launch.Arg('N', 'size'),
-    tds_launch.Arg('rank', 'size'),
-    tds_launch.Arg('world', 'size'),
-    tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
-    tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
-    tds_launch.Arg('tds_max_spins', 'max_spins'),
-    tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
-    tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
-    tds_launch.Arg('BM', 'const'),
-    tds_launch.Arg('BN', 'const'),
-    tds_launch.Arg('BK', 'const'),
-    tds_launch.Arg('tds_trace_mm', 'trace', of='mm', dtype='int64'),
-    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
-    tds_launch.Arg('tds_ENTER', 'role'),
-    tds_launch.Arg('tds_EXIT', 'role'),
-    tds_launch.Arg('tds_TRACE', 'role'),
-    tds_launch.Arg('tds_RUN_mm', 'role', of='mm'),
-    tds_launch.Arg('tds_START_mm', 'role', of='mm'),
-    tds_launch.Arg('tds_PROGRAMS_mm', 'role', of='mm'),
-)
-tds_TENSORS = (
-    tds_launch.TensorSpec('A', 'in', 'bfloat16', staged=True, peers=True,
-                          where='programs/ag_gemm.tds:8 in A : bf16[M / world, K]'),
-    tds_launch.TensorSpec('B', 'in', 'bfloat16', staged=False, peers=False,
-                          where='programs/ag_gemm.tds:9 in B : bf16[K, N]'),
-    tds_launch.TensorSpec('C', 'out', 'bfloat16', staged=False, peers=False,
-                          where='programs/ag_gemm.tds:10 out C : bf16[M, N]'),
-    tds_launch.TensorSpec('A_all', 'symm', 'bfloat16', staged=False, peers=False,
-                          where='programs/ag_gemm.tds:11 symm A_all : bf16[M, K]'),
-)
-tds_FAMILIES = (
-    tds_launch.FamilySpec('gather', 'chunk', 'copy_engine', programs=None, notify='local',
-                          split=1, ordered=True, matmul=False, counted=False),
-    tds_launch.FamilySpec('mm', 'tile', 'sms', programs=None, notify=None,
-                          split=1, ordered=True, matmul=True, counted=False),
-)
-tds_EDGES = (
-    'programs/ag_gemm.tds:17 mm[i, j] after gather[(i*BM) / Ms]',
-)
-tds_PARAMS = ('M', 'K', 'N', )
-tds_CONSTS = {'BM': 128, 'BN': 256, 'BK': 64}
-tds_DISTRIBUTED = True
-tds_USES_NVSHMEM = False
-
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
@@ -224,6 +169,74 @@ def tds_views_gather(tds_env, tds_tensor, tds_instance):
     tds_source = tds_tensor('A', s)[0 : M // world, 0 : K]
     tds_target = tds_tensor('A_all', None)[s * M // world : M // world + s * M // world, 0 : K]
     return tds_source, tds_target
+
+
+# What the launcher, graph replay, emulation, the trace and the tools read about this program: one
+# object (tiledsl/runtime/specs.py), the functions above among its fields.
+tds_SPEC = tds_launch.ProgramSpec(
+    kernel=tds_kernel,
+    # the kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
+    # replay all follow this list
+    args=(
+        tds_launch.Arg('C', 'tensor', of='C', dtype='bfloat16'),
+        tds_launch.Arg('tds_sig_gather', 'signals', of='gather', dtype='int32'),
+        tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
+        tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A_all', dtype='bfloat16', block=(128, 64)),
+        tds_launch.Arg('tds_desc_mm_b', 'descriptor', of='B', dtype='bfloat16', block=(64, 256)),
+        tds_launch.Arg('tds_desc_mm_c', 'descriptor', of='C', dtype='bfloat16', block=(128, 256)),
+        tds_launch.Arg('M', 'size'),
+        tds_launch.Arg('K', 'size'),
+        tds_launch.Arg('N', 'size'),
+        tds_launch.Arg('rank', 'size'),
+        tds_launch.Arg('world', 'size'),
+        tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
+        tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
+        tds_launch.Arg('tds_max_spins', 'max_spins'),
+        tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
+        tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
+        tds_launch.Arg('BM', 'const'),
+        tds_launch.Arg('BN', 'const'),
+        tds_launch.Arg('BK', 'const'),
+        tds_launch.Arg('tds_trace_mm', 'trace', of='mm', dtype='int64'),
+        tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
+        tds_launch.Arg('tds_ENTER', 'role'),
+        tds_launch.Arg('tds_EXIT', 'role'),
+        tds_launch.Arg('tds_TRACE', 'role'),
+        tds_launch.Arg('tds_RUN_mm', 'role', of='mm'),
+        tds_launch.Arg('tds_START_mm', 'role', of='mm'),
+        tds_launch.Arg('tds_PROGRAMS_mm', 'role', of='mm'),
+    ),
+    tensors=(
+        tds_launch.TensorSpec('A', 'in', 'bfloat16', staged=True, peers=True,
+                              where='programs/ag_gemm.tds:8 in A : bf16[M / world, K]'),
+        tds_launch.TensorSpec('B', 'in', 'bfloat16', staged=False, peers=False,
+                              where='programs/ag_gemm.tds:9 in B : bf16[K, N]'),
+        tds_launch.TensorSpec('C', 'out', 'bfloat16', staged=False, peers=False,
+                              where='programs/ag_gemm.tds:10 out C : bf16[M, N]'),
+        tds_launch.TensorSpec('A_all', 'symm', 'bfloat16', staged=False, peers=False,
+                              where='programs/ag_gemm.tds:11 symm A_all : bf16[M, K]'),
+    ),
+    families=(
+        tds_launch.FamilySpec('gather', 'chunk', 'copy_engine', programs=None, notify='local',
+                              split=1, ordered=True, matmul=False, counted=False,
+                              signal_dtype='int32'),
+        tds_launch.FamilySpec('mm', 'tile', 'sms', programs=None, notify=None,
+                              split=1, ordered=True, matmul=True, counted=False),
+    ),
+    edges=(
+        'programs/ag_gemm.tds:17 mm[i, j] after gather[(i*BM) / Ms]',
+    ),
+    params=('M', 'K', 'N', ),
+    consts={'BM': 128, 'BN': 256, 'BK': 64},
+    distributed=True,
+    uses_nvshmem=False,
+    infer_params=tds_infer_params,
+    tensor_shapes=tds_tensor_shapes,
+    conditions=tds_conditions,
+    counts=tds_counts,
+    orders=tds_orders,
+    views={'gather': tds_views_gather},
+)
 
 
 def tds_load(**tds_options):

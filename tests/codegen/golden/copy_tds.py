@@ -63,40 +63,6 @@ def tds_kernel(X, Y, N, tds_epoch_cell, BLOCK: tl.constexpr, tds_trace_cp, tds_e
 
 # ---- host side: what the launcher in tiledsl.runtime.launch needs to know about this program ----
 
-# The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
-# replay all follow this list.
-tds_ARGS = (
-    tds_launch.Arg('X', 'tensor', of='X', dtype='bfloat16'),
-    tds_launch.Arg('Y', 'tensor', of='Y', dtype='bfloat16'),
-    tds_launch.Arg('N', 'size'),
-    tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
-    tds_launch.Arg('BLOCK', 'const'),
-    tds_launch.Arg('tds_trace_cp', 'trace', of='cp', dtype='int64'),
-    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
-    tds_launch.Arg('tds_ENTER', 'role'),
-    tds_launch.Arg('tds_EXIT', 'role'),
-    tds_launch.Arg('tds_TRACE', 'role'),
-    tds_launch.Arg('tds_RUN_cp', 'role', of='cp'),
-    tds_launch.Arg('tds_START_cp', 'role', of='cp'),
-    tds_launch.Arg('tds_PROGRAMS_cp', 'role', of='cp'),
-)
-tds_TENSORS = (
-    tds_launch.TensorSpec('X', 'in', 'bfloat16', staged=False, peers=False,
-                          where='programs/copy.tds:5 in X : bf16[N]'),
-    tds_launch.TensorSpec('Y', 'out', 'bfloat16', staged=False, peers=False,
-                          where='programs/copy.tds:6 out Y : bf16[N]'),
-)
-tds_FAMILIES = (
-    tds_launch.FamilySpec('cp', 'tile', 'sms', programs=None, notify=None,
-                          split=1, ordered=False, matmul=False, counted=False),
-)
-tds_EDGES = (
-)
-tds_PARAMS = ('N', )
-tds_CONSTS = {'BLOCK': 1024}
-tds_DISTRIBUTED = False
-tds_USES_NVSHMEM = False
-
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
@@ -126,6 +92,49 @@ def tds_counts(tds_env):
     return {
         'cp': tds_int.cdiv(N, BLOCK),
     }
+
+
+# What the launcher, graph replay, emulation, the trace and the tools read about this program: one
+# object (tiledsl/runtime/specs.py), the functions above among its fields.
+tds_SPEC = tds_launch.ProgramSpec(
+    kernel=tds_kernel,
+    # the kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
+    # replay all follow this list
+    args=(
+        tds_launch.Arg('X', 'tensor', of='X', dtype='bfloat16'),
+        tds_launch.Arg('Y', 'tensor', of='Y', dtype='bfloat16'),
+        tds_launch.Arg('N', 'size'),
+        tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
+        tds_launch.Arg('BLOCK', 'const'),
+        tds_launch.Arg('tds_trace_cp', 'trace', of='cp', dtype='int64'),
+        tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
+        tds_launch.Arg('tds_ENTER', 'role'),
+        tds_launch.Arg('tds_EXIT', 'role'),
+        tds_launch.Arg('tds_TRACE', 'role'),
+        tds_launch.Arg('tds_RUN_cp', 'role', of='cp'),
+        tds_launch.Arg('tds_START_cp', 'role', of='cp'),
+        tds_launch.Arg('tds_PROGRAMS_cp', 'role', of='cp'),
+    ),
+    tensors=(
+        tds_launch.TensorSpec('X', 'in', 'bfloat16', staged=False, peers=False,
+                              where='programs/copy.tds:5 in X : bf16[N]'),
+        tds_launch.TensorSpec('Y', 'out', 'bfloat16', staged=False, peers=False,
+                              where='programs/copy.tds:6 out Y : bf16[N]'),
+    ),
+    families=(
+        tds_launch.FamilySpec('cp', 'tile', 'sms', programs=None, notify=None,
+                              split=1, ordered=False, matmul=False, counted=False),
+    ),
+    edges=(),
+    params=('N', ),
+    consts={'BLOCK': 1024},
+    distributed=False,
+    uses_nvshmem=False,
+    infer_params=tds_infer_params,
+    tensor_shapes=tds_tensor_shapes,
+    conditions=tds_conditions,
+    counts=tds_counts,
+)
 
 
 def tds_load(**tds_options):

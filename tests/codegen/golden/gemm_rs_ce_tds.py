@@ -127,74 +127,6 @@ def tds_kernel(C, W, P, tds_sig_send, tds_order_mm, tds_count_mm, tds_desc_mm_a,
 
 # ---- host side: what the launcher in tiledsl.runtime.launch needs to know about this program ----
 
-# The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
-# replay all follow this list.
-tds_ARGS = (
-    tds_launch.Arg('C', 'tensor', of='C', dtype='bfloat16'),
-    tds_launch.Arg('W', 'tensor', of='W', dtype='bfloat16'),
-    tds_launch.Arg('P', 'tensor', of='P', dtype='bfloat16'),
-    tds_launch.Arg('tds_sig_send', 'signals', of='send', dtype='int32'),
-    tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
-    tds_launch.Arg('tds_count_mm', 'count', of='mm', dtype='int32'),
-    tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A', dtype='bfloat16', block=(128, 64)),
-    tds_launch.Arg('tds_desc_mm_b', 'descriptor', of='B', dtype='bfloat16', block=(64, 256)),
-    tds_launch.Arg('tds_desc_mm_c', 'descriptor', of='W', dtype='bfloat16', block=(128, 256)),
-    tds_launch.Arg('M', 'size'),
-    tds_launch.Arg('K', 'size'),
-    tds_launch.Arg('N', 'size'),
-    tds_launch.Arg('rank', 'size'),
-    tds_launch.Arg('world', 'size'),
-    tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
-    tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
-    tds_launch.Arg('tds_max_spins', 'max_spins'),
-    tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
-    tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
-    tds_launch.Arg('BM', 'const'),
-    tds_launch.Arg('BN', 'const'),
-    tds_launch.Arg('BR', 'const'),
-    tds_launch.Arg('BK', 'const'),
-    tds_launch.Arg('tds_trace_mm', 'trace', of='mm', dtype='int64'),
-    tds_launch.Arg('tds_trace_red', 'trace', of='red', dtype='int64'),
-    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
-    tds_launch.Arg('tds_ENTER', 'role'),
-    tds_launch.Arg('tds_EXIT', 'role'),
-    tds_launch.Arg('tds_TRACE', 'role'),
-    tds_launch.Arg('tds_RUN_mm', 'role', of='mm'),
-    tds_launch.Arg('tds_START_mm', 'role', of='mm'),
-    tds_launch.Arg('tds_PROGRAMS_mm', 'role', of='mm'),
-    tds_launch.Arg('tds_RUN_red', 'role', of='red'),
-    tds_launch.Arg('tds_START_red', 'role', of='red'),
-    tds_launch.Arg('tds_PROGRAMS_red', 'role', of='red'),
-)
-tds_TENSORS = (
-    tds_launch.TensorSpec('A', 'in', 'bfloat16', staged=False, peers=False,
-                          where='programs/gemm_rs_ce.tds:13 in A : bf16[M, K]'),
-    tds_launch.TensorSpec('B', 'in', 'bfloat16', staged=False, peers=False,
-                          where='programs/gemm_rs_ce.tds:14 in B : bf16[K, N]'),
-    tds_launch.TensorSpec('C', 'out', 'bfloat16', staged=False, peers=False,
-                          where='programs/gemm_rs_ce.tds:15 out C : bf16[M / world, N]'),
-    tds_launch.TensorSpec('W', 'local', 'bfloat16', staged=False, peers=False,
-                          where='programs/gemm_rs_ce.tds:16 local W : bf16[M, N]'),
-    tds_launch.TensorSpec('P', 'symm', 'bfloat16', staged=False, peers=True,
-                          where='programs/gemm_rs_ce.tds:17 symm P : bf16[world, M / world, N]'),
-)
-tds_FAMILIES = (
-    tds_launch.FamilySpec('mm', 'tile', 'sms', programs=None, notify=None,
-                          split=1, ordered=True, matmul=True, counted=True),
-    tds_launch.FamilySpec('send', 'chunk', 'copy_engine', programs=None, notify='all',
-                          split=1, ordered=True, matmul=False, counted=False),
-    tds_launch.FamilySpec('red', 'tile', 'sms', programs=None, notify=None,
-                          split=1, ordered=False, matmul=False, counted=False),
-)
-tds_EDGES = (
-    'programs/gemm_rs_ce.tds:25 send[i] after mm[i, *]',
-    'programs/gemm_rs_ce.tds:26 red[i, j] after send[(rank*Ms + i*BR)/BM] @ every rank',
-)
-tds_PARAMS = ('M', 'K', 'N', )
-tds_CONSTS = {'BM': 128, 'BN': 256, 'BR': 32, 'BK': 64}
-tds_DISTRIBUTED = True
-tds_USES_NVSHMEM = False
-
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
@@ -290,6 +222,88 @@ def tds_waits_send(tds_env, tds_instance):
     return [  # a row outside the producer's names no instance: no wait (schedule/meaning.py)
         ('mm', i, tds_int.cdiv(N, BN), 0),
     ]
+
+
+# What the launcher, graph replay, emulation, the trace and the tools read about this program: one
+# object (tiledsl/runtime/specs.py), the functions above among its fields.
+tds_SPEC = tds_launch.ProgramSpec(
+    kernel=tds_kernel,
+    # the kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
+    # replay all follow this list
+    args=(
+        tds_launch.Arg('C', 'tensor', of='C', dtype='bfloat16'),
+        tds_launch.Arg('W', 'tensor', of='W', dtype='bfloat16'),
+        tds_launch.Arg('P', 'tensor', of='P', dtype='bfloat16'),
+        tds_launch.Arg('tds_sig_send', 'signals', of='send', dtype='int32'),
+        tds_launch.Arg('tds_order_mm', 'order', of='mm', dtype='int32'),
+        tds_launch.Arg('tds_count_mm', 'count', of='mm', dtype='int32'),
+        tds_launch.Arg('tds_desc_mm_a', 'descriptor', of='A', dtype='bfloat16', block=(128, 64)),
+        tds_launch.Arg('tds_desc_mm_b', 'descriptor', of='B', dtype='bfloat16', block=(64, 256)),
+        tds_launch.Arg('tds_desc_mm_c', 'descriptor', of='W', dtype='bfloat16', block=(128, 256)),
+        tds_launch.Arg('M', 'size'),
+        tds_launch.Arg('K', 'size'),
+        tds_launch.Arg('N', 'size'),
+        tds_launch.Arg('rank', 'size'),
+        tds_launch.Arg('world', 'size'),
+        tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
+        tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
+        tds_launch.Arg('tds_max_spins', 'max_spins'),
+        tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
+        tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
+        tds_launch.Arg('BM', 'const'),
+        tds_launch.Arg('BN', 'const'),
+        tds_launch.Arg('BR', 'const'),
+        tds_launch.Arg('BK', 'const'),
+        tds_launch.Arg('tds_trace_mm', 'trace', of='mm', dtype='int64'),
+        tds_launch.Arg('tds_trace_red', 'trace', of='red', dtype='int64'),
+        tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
+        tds_launch.Arg('tds_ENTER', 'role'),
+        tds_launch.Arg('tds_EXIT', 'role'),
+        tds_launch.Arg('tds_TRACE', 'role'),
+        tds_launch.Arg('tds_RUN_mm', 'role', of='mm'),
+        tds_launch.Arg('tds_START_mm', 'role', of='mm'),
+        tds_launch.Arg('tds_PROGRAMS_mm', 'role', of='mm'),
+        tds_launch.Arg('tds_RUN_red', 'role', of='red'),
+        tds_launch.Arg('tds_START_red', 'role', of='red'),
+        tds_launch.Arg('tds_PROGRAMS_red', 'role', of='red'),
+    ),
+    tensors=(
+        tds_launch.TensorSpec('A', 'in', 'bfloat16', staged=False, peers=False,
+                              where='programs/gemm_rs_ce.tds:13 in A : bf16[M, K]'),
+        tds_launch.TensorSpec('B', 'in', 'bfloat16', staged=False, peers=False,
+                              where='programs/gemm_rs_ce.tds:14 in B : bf16[K, N]'),
+        tds_launch.TensorSpec('C', 'out', 'bfloat16', staged=False, peers=False,
+                              where='programs/gemm_rs_ce.tds:15 out C : bf16[M / world, N]'),
+        tds_launch.TensorSpec('W', 'local', 'bfloat16', staged=False, peers=False,
+                              where='programs/gemm_rs_ce.tds:16 local W : bf16[M, N]'),
+        tds_launch.TensorSpec('P', 'symm', 'bfloat16', staged=False, peers=True,
+                              where='programs/gemm_rs_ce.tds:17 symm P : bf16[world, M / world, N]'),
+    ),
+    families=(
+        tds_launch.FamilySpec('mm', 'tile', 'sms', programs=None, notify=None,
+                              split=1, ordered=True, matmul=True, counted=True),
+        tds_launch.FamilySpec('send', 'chunk', 'copy_engine', programs=None, notify='all',
+                              split=1, ordered=True, matmul=False, counted=False,
+                              signal_dtype='int32'),
+        tds_launch.FamilySpec('red', 'tile', 'sms', programs=None, notify=None,
+                              split=1, ordered=False, matmul=False, counted=False),
+    ),
+    edges=(
+        'programs/gemm_rs_ce.tds:25 send[i] after mm[i, *]',
+        'programs/gemm_rs_ce.tds:26 red[i, j] after send[(rank*Ms + i*BR)/BM] @ every rank',
+    ),
+    params=('M', 'K', 'N', ),
+    consts={'BM': 128, 'BN': 256, 'BR': 32, 'BK': 64},
+    distributed=True,
+    uses_nvshmem=False,
+    infer_params=tds_infer_params,
+    tensor_shapes=tds_tensor_shapes,
+    conditions=tds_conditions,
+    counts=tds_counts,
+    orders=tds_orders,
+    views={'send': tds_views_send},
+    waits={'send': tds_waits_send},
+)
 
 
 def tds_load(**tds_options):

@@ -1,43 +1,5 @@
 # ---- host side: what the launcher in tiledsl.runtime.launch needs to know about this program ----
 
-# The kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
-# replay all follow this list.
-tds_ARGS = (
-    tds_launch.Arg('X', 'tensor', of='X', dtype='bfloat16'),
-    tds_launch.Arg('tds_peers_X', 'peers', of='X', dtype='int64'),
-    tds_launch.Arg('N', 'size'),
-    tds_launch.Arg('rank', 'size'),
-    tds_launch.Arg('world', 'size'),
-    tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
-    tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
-    tds_launch.Arg('tds_max_spins', 'max_spins'),
-    tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
-    tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
-    tds_launch.Arg('BLOCK', 'const'),
-    tds_launch.Arg('tds_trace_add', 'trace', of='add', dtype='int64'),
-    tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
-    tds_launch.Arg('tds_ENTER', 'role'),
-    tds_launch.Arg('tds_EXIT', 'role'),
-    tds_launch.Arg('tds_TRACE', 'role'),
-    tds_launch.Arg('tds_RUN_add', 'role', of='add'),
-    tds_launch.Arg('tds_START_add', 'role', of='add'),
-    tds_launch.Arg('tds_PROGRAMS_add', 'role', of='add'),
-)
-tds_TENSORS = (
-    tds_launch.TensorSpec('X', 'inout', 'bfloat16', staged=True, peers=True,
-                          where='programs/allreduce.tds:8 inout X : bf16[N]'),
-)
-tds_FAMILIES = (
-    tds_launch.FamilySpec('add', 'tile', 'sms', programs=None, notify=None,
-                          split=1, ordered=False, matmul=False, counted=False),
-)
-tds_EDGES = (
-)
-tds_PARAMS = ('N', )
-tds_CONSTS = {'BLOCK': 2048}
-tds_DISTRIBUTED = True
-tds_USES_NVSHMEM = False
-
 
 def tds_infer_params(tds_shapes, world):
     """The params, read off the caller's tensors."""
@@ -66,6 +28,53 @@ def tds_counts(tds_env):
     return {
         'add': tds_int.cdiv(N, BLOCK),
     }
+
+
+# What the launcher, graph replay, emulation, the trace and the tools read about this program: one
+# object (tiledsl/runtime/specs.py), the functions above among its fields.
+tds_SPEC = tds_launch.ProgramSpec(
+    kernel=tds_kernel,
+    # the kernel's arguments, once: its signature above, the launch, ahead-of-time compiles and graph
+    # replay all follow this list
+    args=(
+        tds_launch.Arg('X', 'tensor', of='X', dtype='bfloat16'),
+        tds_launch.Arg('tds_peers_X', 'peers', of='X', dtype='int64'),
+        tds_launch.Arg('N', 'size'),
+        tds_launch.Arg('rank', 'size'),
+        tds_launch.Arg('world', 'size'),
+        tds_launch.Arg('tds_epoch_cell', 'epoch_cell', dtype='int32'),
+        tds_launch.Arg('tds_diag', 'diag', dtype='int32'),
+        tds_launch.Arg('tds_max_spins', 'max_spins'),
+        tds_launch.Arg('tds_barrier', 'barrier', dtype='int32'),
+        tds_launch.Arg('tds_barrier_peers', 'barrier_peers', dtype='int64'),
+        tds_launch.Arg('BLOCK', 'const'),
+        tds_launch.Arg('tds_trace_add', 'trace', of='add', dtype='int64'),
+        tds_launch.Arg('tds_entry_trace', 'trace', dtype='int64'),
+        tds_launch.Arg('tds_ENTER', 'role'),
+        tds_launch.Arg('tds_EXIT', 'role'),
+        tds_launch.Arg('tds_TRACE', 'role'),
+        tds_launch.Arg('tds_RUN_add', 'role', of='add'),
+        tds_launch.Arg('tds_START_add', 'role', of='add'),
+        tds_launch.Arg('tds_PROGRAMS_add', 'role', of='add'),
+    ),
+    tensors=(
+        tds_launch.TensorSpec('X', 'inout', 'bfloat16', staged=True, peers=True,
+                              where='programs/allreduce.tds:8 inout X : bf16[N]'),
+    ),
+    families=(
+        tds_launch.FamilySpec('add', 'tile', 'sms', programs=None, notify=None,
+                              split=1, ordered=False, matmul=False, counted=False),
+    ),
+    edges=(),
+    params=('N', ),
+    consts={'BLOCK': 2048},
+    distributed=True,
+    uses_nvshmem=False,
+    infer_params=tds_infer_params,
+    tensor_shapes=tds_tensor_shapes,
+    conditions=tds_conditions,
+    counts=tds_counts,
+)
 
 
 def tds_load(**tds_options):
