@@ -9,6 +9,7 @@
 #                                        latency (world 1: MoE dispatch/combine, skinny products, the call)
 #                                        ws (the causal warp-specialized attention tile's variants)
 #                                        calibrate (`tiledsl calibrate`: the predictor's rates measured here)
+#                                        ops_profile (world 1: where an eager tiledsl.ops MoE call's time goes)
 #                                        nodes
 #                                        (default: checks gemm overlap collectives; rebuild compares with
 #                                        the build unpacked in .baseline/, carried to the machine; nodes runs
@@ -173,6 +174,9 @@ for stage in $stages; do
     calibrate)  # issue 29: the predictor's rates measured on this GPU (one GPU shows them), each output checked
       run calibrate 240 python3 -m tiledsl calibrate -o "$OUT/rates_measured.json"
       grep -v -E '^ +"(M|K|N|tiledsl)"' "$OUT/rates_measured.json" 2>/dev/null | head -24 ;;
+    ops_profile)  # issue 27: an eager tiledsl.ops MoE call against its program's own call, host and GPU time
+      run ops_profile_world1 150 torchrun --nproc-per-node=1 bench/experiments/ops_host_profile.py
+      grep '^|' "$OUT/ops_profile_world1.log" ;;
     ws)  # the causal warp-specialized attention tile's variants, each checked and timed beside cuDNN
       run ws_probe 200 python3 bench/experiments/ws_probe.py
       grep '^|' "$OUT/ws_probe.log" ;;

@@ -169,3 +169,12 @@ def test_the_calibrate_stage_measures_the_rates_into_out(tmp_path):
     assert f"args: -m tiledsl calibrate -o {tmp_path / 'out' / 'rates_measured.json'}" in (tmp_path / "out" /
                                                                                           "calibrate.log").read_text()
     assert out.splitlines()[-2].split()[:2] == ["calibrate", "0"]
+
+
+def test_the_ops_profile_stage_runs_at_world_1_and_prints_its_table(tmp_path):
+    table = "PASS ops dispatch\n| call | GPU us | host us |\n| ops dispatch | 90.1 | 80.2 |\n"
+    code, out = gpu_all(tmp_path, ["ops_profile"], {"ops_host_profile": table}, STUB_GPUS="1")
+    assert code == 0, out
+    assert "| ops dispatch | 90.1 | 80.2 |" in out
+    assert "ranks 1" in (tmp_path / "out" / "ops_profile_world1.log").read_text()
+    assert out.splitlines()[-2].split()[:3] == ["ops_profile_world1", "0", "1"]
