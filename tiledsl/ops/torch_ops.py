@@ -34,7 +34,8 @@ def call(name: str, *args):
     """One op call, as tiledsl.ops' functions make it. Eagerly, on plain tensors that need no gradient,
     with no torch mode, functorch transform or profiler active, the op's body runs directly: torch's
     custom-op dispatch adds nothing there (no autograd formula, no fake tensor, nothing to trace) and
-    cost ~20 us a call on this repository's CPU and ~75 us on the H200 machine's (2026-12-04,
+    costs ~20 us a call on this repository's CPU; on the H200 machine an eager MoE op spent ~90 us of host
+    time beyond its program's call in the dispatch and the ops layer together (2026-12-04,
     bench/experiments/ops_host_profile.py), more than a small program's GPU time. Everything else goes
     through torch.ops.tiledsl.* as before, so torch.compile, FakeTensorMode and autograd see the op."""
     if direct(args):
