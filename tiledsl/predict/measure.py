@@ -16,10 +16,9 @@ GPU: they are not measured here."""
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = ROOT / "programs"
+from tiledsl import library
+
 # (M, K, N) of the product tile's calibration: from under one wave of 132 SMs to several
 PRODUCTS = ((1024, 4096, 2048), (4096, 4096, 4096), (8192, 4096, 4096), (8192, 1024, 8192), (8192, 8192, 8192),
             (4096, 8192, 2048))
@@ -56,7 +55,7 @@ def _copy_program(n: int, **options):
     import torch
 
     import tiledsl
-    program = tiledsl.compile(PROGRAMS / "copy.tds", **options)
+    program = tiledsl.compile(library.program("copy"), **options)
     x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     y = torch.full_like(x, float("nan"))
     program(x, y)
@@ -100,7 +99,7 @@ def measure(log=print) -> dict:
     log(f"ce_local_gbps {got['ce_local_gbps']}, ce_op_us {got['ce_op_us']}")
 
     import tiledsl
-    gemm = tiledsl.compile(PROGRAMS / "gemm.tds")
+    gemm = tiledsl.compile(library.program("gemm"))
     rows = []
     for M, K, N in PRODUCTS:
         A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

@@ -62,11 +62,13 @@ def find(name: str | Path | None) -> Path:
     if Path(name).is_file():
         return Path(name)
     text = str(name)
+    shipped = {k.upper(): path for k, path in SHIPPED.items()}
     for gpu in (text, f"NVIDIA {text}"):
-        if model_file(gpu).is_file():
-            return model_file(gpu)
-        if gpu.upper() in {k.upper() for k in SHIPPED}:
-            return next(path for k, path in SHIPPED.items() if k.upper() == gpu.upper())
+        calibrated = model_file(gpu)
+        if calibrated.is_file():
+            return calibrated
+        if gpu.upper() in shipped:
+            return shipped[gpu.upper()]
     known = sorted({*SHIPPED, *(p.stem for p in RATES_DIR.glob("*.json"))}) if RATES_DIR.is_dir() else sorted(SHIPPED)
     raise ValueError(f"no rates file or GPU model named {text!r}: give a rates .json, or one of {', '.join(known)} "
                      f"(`tiledsl calibrate` on a GPU writes its model's file into {RATES_DIR})")

@@ -19,12 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiledsl import pipeline
+from tiledsl import library, pipeline
 from tiledsl.predict.rates import Rates, load
 from tiledsl.predict.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = ROOT / "programs"
 OUT = ROOT / "bench" / "results" / "predictions" / "worlds.md"
 GPUS_A_NODE = 8
 # bench/common.py: M = 8192 tokens and SHAPES["LLaMA-3-70B"] = (N, K) of its MLP projection, which
@@ -92,7 +91,7 @@ class Row:
 
 def _predict_us(program: str, world: int, nodes: int, sizes: dict, rates: Rates) -> tuple[float, int]:
     from tiledsl.tools.run_program import launch_sizes
-    schedule = pipeline.run(PROGRAMS / f"{program}.tds", until="schedule").schedule
+    schedule = pipeline.run(library.program(program), until="schedule").schedule
     full = launch_sizes(schedule, world, sizes, {}, nodes)
     found = simulate(schedule, world, full, rates, nodes)
     return found.total_us, len(found.concrete.instances)
