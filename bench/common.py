@@ -4,6 +4,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -53,6 +54,18 @@ def time_ms(fn, warmup: int = 5, reps: int = 30, before=None) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def host_us(fn, calls: int = 200) -> float:
+    """Host microseconds per call of `calls` calls issued back to back (no synchronisation between them;
+    the GPU drained before and after)."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    spent = (time.perf_counter() - began) / calls * 1e6
+    torch.cuda.synchronize()
+    return spent
 
 
 def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before=None) -> float:

@@ -5,29 +5,18 @@ Each launch path's output is checked against torch's first (a wrong one is a FAI
 the exit code is 1)."""
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import M, NAN, SHAPES, Verdicts, time_ms  # noqa: E402
+from common import M, NAN, SHAPES, Verdicts, host_us, time_ms  # noqa: E402
 
 import tiledsl  # noqa: E402
 from tiledsl.runtime.heap import disable_multicast, open_heap  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
-
-
-def host_us(fn, calls=30):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 MODES = {"graph": {}, "direct": {"graphs": False}, "JIT": {"graphs": False, "replay": False}}
@@ -46,7 +35,7 @@ def modes(name, heap, args, out, want, verdicts, prepare=None):
             cells.append(f"{mode} wrong")
             continue
         program(*args)  # the second call records the CUDA graph
-        host = host_us(lambda: program(*args, check=False))
+        host = host_us(lambda: program(*args, check=False), calls=30)
         gpu = time_ms(lambda: program(*args, check=False)) * 1000
         program.check()
         cells.append(f"{mode} host {host:.0f} / total {gpu:.0f} us")

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import moe_baselines as base  # noqa: E402
-from common import NAN, out_dir, time_interleaved_ms, time_loop_ms  # noqa: E402
+from common import NAN, host_us, out_dir, time_interleaved_ms  # noqa: E402
 from harness import mismatch, start  # noqa: E402
 
 import tiledsl  # noqa: E402
@@ -428,16 +428,6 @@ def gemm_ar_traces(heap):
 
 
 # ---- 4. the call itself: an 8 KB all-reduce ---------------------------------------------------------
-
-def host_us(fn, calls=200) -> float:
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    spent = (time.perf_counter() - began) / calls * 1e6
-    torch.cuda.synchronize()
-    return spent
-
 
 def raw_launch(graph):
     """The graph launched through the CUDA runtime directly (cuda.bindings), not torch's replay(): what

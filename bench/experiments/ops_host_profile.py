@@ -21,7 +21,6 @@ import math
 import os
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-from common import time_interleaved_ms  # noqa: E402
+from common import host_us, time_interleaved_ms  # noqa: E402
 from harness import mismatch, start  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -39,16 +38,6 @@ T, H, NE, TOPK = 128, 7168, 256, 8
 
 def say(line: str) -> None:
     print(line, flush=True)
-
-
-def host_us(fn, calls: int = 200) -> float:
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    spent = (time.perf_counter() - began) / calls * 1e6
-    torch.cuda.synchronize()
-    return spent
 
 
 def profile_python(fn, calls: int = 200, rows: int = 30) -> str:
