@@ -14,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = re.compile(r"all checks: world (\d+)")
+SUITE_STOPPED = "the suite stopped"  # all_checks.py: a suite that could not go on
 VERDICT = re.compile(r"(PASS|FAIL|SKIP) (\w+): (.*?)(?: -- (.*))?$")
 
 
@@ -31,6 +32,9 @@ def read(logs) -> dict:
                 continue
             kind, suite, name, why = verdict.groups()
             entry = found[(suite, world)]
+            if name == SUITE_STOPPED:  # the whole suite's failure: a FAIL line, not a check of its own
+                entry["failed"].append((str(log), name, why or ""))
+                continue
             entry["seen"].add(name)
             if kind == "PASS":
                 entry["passed"].add(name)

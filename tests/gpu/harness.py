@@ -1,6 +1,7 @@
 """What every multi-GPU check script shares: starting a rank under torchrun with its symmetric heap;
 recording checks so that every rank runs every check and rank 0 prints one PASS/FAIL line each; the
 comparison every check uses; and many calls back to back, each on fresh inputs, each output checked."""
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -146,6 +147,12 @@ class Checks:
             mine = (True, "")
         except Exception as error:  # noqa: BLE001 - reported, not hidden
             mine = (False, f"{type(error).__name__}: {str(error)[:400]}")
+        if SHARED and DEVICE == "cuda":
+            # Ranks sharing a GPU: what torch's allocator keeps cached after a check is memory the PEs' NVSHMEM
+            # heaps cannot grow into (at world 8 the ops suite's sp_attention failed its heap growth,
+            # `cuMemCreate failed`, after flash_decode's references, 2026-12-04): give it back every check.
+            gc.collect()
+            torch.cuda.empty_cache()
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         ok = all(passed for passed, _ in everyone)

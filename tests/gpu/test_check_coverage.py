@@ -30,3 +30,11 @@ def test_a_check_passed_in_any_run_counts_and_the_rest_are_counted_by_why(tmp_pa
     assert "| nodes | 8 | 1 | 0 | 1 | 0 | 0 | 0 |" in rows
     assert "| ops | 2 | 2 | 1 | 0 | 1 | 0 | 1 |" in rows
     assert any(r.startswith("ops world 2 FAIL in") and r.endswith("d -- AssertionError: wrong") for r in rows)
+
+
+def test_a_suite_that_stopped_is_a_fail_line_not_a_check(tmp_path):
+    (tmp_path / "1.log").write_text("all checks: world 8, 8 ranks share 1 GPU\nPASS ops: a -- 1.0 s\n"
+                                    "FAIL ops: the suite stopped -- RuntimeError: gloo\n")
+    found = check_coverage.read([tmp_path / "1.log"])
+    assert found[("ops", 8)]["seen"] == {"a"}
+    assert "| ops | 8 | 1 | 1 | 0 | 0 | 0 | 1 |" in check_coverage.table(found).splitlines()

@@ -183,6 +183,15 @@ def _size_bytes(text: str) -> int:
         return 1 << 30
 
 
+def _memory_now(device) -> str:
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        held = torch.cuda.memory_reserved(device)
+    except (RuntimeError, AssertionError) as error:  # no CUDA here: say so rather than hide the first error
+        return f"the GPU's free memory is unknown ({error})"
+    return f"the GPU has {free / 2**30:.1f} of {total / 2**30:.1f} GiB free, torch's allocator holds {held / 2**30:.1f} GiB"
+
+
 def _import_nvshmem():
     try:
         import nvshmem.core
@@ -210,7 +219,15 @@ class NvshmemHeap(_ProcessGroupHeap):
         atexit.register(self.close)
 
     def _allocate(self, shape, dtype):
-        return self._nvshmem.tensor(shape, dtype=dtype)
+        tensor = self._nvshmem.tensor(shape, dtype=dtype)
+        if tensor is None or (tensor.numel() and tensor.data_ptr() == 0):
+            # nvshmem_malloc's NULL: the heap could not grow (`cuMemCreate failed` above), e.g. where ranks
+            # sharing a GPU have filled it. Writing through it would be an illegal memory access.
+            raise RuntimeError(
+                f"NVSHMEM could not allocate a symmetric {tuple(shape)} {dtype} tensor on rank {self.rank} of "
+                f"{self.world}: its heap (NVSHMEM_SYMMETRIC_SIZE={os.environ.get('NVSHMEM_SYMMETRIC_SIZE', 'default')}) "
+                f"could not grow; {_memory_now(self.device)}")
+        return tensor
 
     def _peer(self, t, r):
         # Asked for our own PE, nvshmem4py hands back the allocation itself with its reference count raised,
