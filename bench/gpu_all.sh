@@ -183,9 +183,10 @@ for stage in $stages; do
     rebuild)  # the same programs timed with the build in .baseline/ (before) and with this one (after)
       if [ -d .baseline/tiledsl ]; then
         for round in $(seq 1 "${ROUNDS:-2}"); do
+          # at world 2 where there are two GPUs, else world 1 (never a time from ranks sharing a GPU)
           run "rebuild_before_$round" 300 env PYTHONPATH="$PWD/.baseline:${PYTHONPATH:-}" \
-            torchrun --nproc-per-node=2 bench/bench_rebuild.py --label before
-          run "rebuild_after_$round" 300 torchrun --nproc-per-node=2 bench/bench_rebuild.py --label after
+            torchrun --nproc-per-node="$pair" bench/bench_rebuild.py --label before
+          run "rebuild_after_$round" 300 torchrun --nproc-per-node="$pair" bench/bench_rebuild.py --label after
         done
         python3 bench/bench_rebuild.py --compare before after | tee "$OUT/rebuild.txt"
       else
