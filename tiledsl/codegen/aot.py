@@ -9,8 +9,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from tiledsl import gpus
 from tiledsl.tables import DTYPES
+
 
 @dataclass
 class KernelReport:
@@ -74,8 +74,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             constexprs[arg.name] = blocks[arg.name]
         elif arg.kind is Kind.ROLE:
             role = arg.name.split("_")[1]
-            constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": only in (None, arg.of),
-                                    "START": 0, "PROGRAMS": gpus.for_arch(arch).sms}[role]
+            constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": only in (None, arg.of)}[role]
         else:
             signature[arg.name] = "i32"
             if arg.kind is Kind.SIZE and arg.name not in ("rank",) and env.get(arg.name, 1) % 16 == 0:

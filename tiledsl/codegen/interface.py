@@ -33,9 +33,10 @@ class KernelInterface:
 
     @property
     def unspecialized(self) -> tuple[str, ...]:
-        """The arguments the JIT must not specialise on (a value of 1, or one 16 divides): the rank and
-        the spin bound, where the kernel has them, so that every rank runs one compile."""
-        return tuple(a.name for a in self.args if a.name in ("rank", "tds_max_spins"))
+        """The arguments the JIT must not specialise on (a value of 1, or one 16 divides): the rank, the
+        spin bound and the families' spread over programs, where the kernel has them, so that every rank,
+        and every size and world, runs one compile (a spread is 1 at small sizes, 16 divides it at others)."""
+        return tuple(a.name for a in self.args if a.name in ("rank", "tds_max_spins") or a.kind is Kind.SPREAD)
 
 
 def interface_of(plan) -> KernelInterface:
@@ -104,7 +105,8 @@ def interface_of(plan) -> KernelInterface:
     args.append(Arg("tds_EXIT", Kind.ROLE))
     args.append(Arg("tds_TRACE", Kind.ROLE))
     for f in kernel_families:
-        args += [Arg(f"tds_{role}_{f.name}", Kind.ROLE, f.name) for role in ("RUN", "START", "PROGRAMS")]
+        args.append(Arg(f"tds_RUN_{f.name}", Kind.ROLE, f.name))
+        args += [Arg(f"tds_{role}_{f.name}", Kind.SPREAD, f.name) for role in ("START", "PROGRAMS")]
     order = {a.name: n for n, a in enumerate(args)}
     order[EPOCH] = order[EPOCH_CELL]
     families = {f.name: tuple(sorted(_needs(f, plan), key=order.__getitem__)) for f in kernel_families}

@@ -21,7 +21,7 @@ from tiledsl.runtime import guards, sync, timeline, validate
 from tiledsl.runtime.issue import (CapacityExceeded, CopyOp, DataError, IndexOutOfRange, Issuing, PreparedCall,
                                    ScheduleTimeout, goes_first)
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
-    Arg, FamilySpec, GuardSpec, Kind, ProgramSpec, SharedMemoryError, TensorSpec, kernel_options, linear, operand_bytes,
+    LAUNCHER_SET, Arg, FamilySpec, GuardSpec, Kind, ProgramSpec, SharedMemoryError, TensorSpec, kernel_options, linear, operand_bytes,
     ordered_instances, pipeline_stages, pow2_at_least, spec_of, unlinear)
 from tiledsl.runtime.validate import LaunchError
 from tiledsl.topology import Topology
@@ -479,7 +479,7 @@ class Program(Issuing):
     def _kernel_args(self, env, res, views, shared, barrier) -> dict:
         """Every argument of the kernel but its roles, by name, from the module's one list of them."""
         return {arg.name: self._kernel_arg(arg, env, res, views, shared, barrier) for arg in self.spec.args
-                if arg.kind is not Kind.ROLE}
+                if arg.kind not in LAUNCHER_SET}
 
     def _kernel_arg(self, arg, env, res, views, shared, barrier):
         kind = arg.kind

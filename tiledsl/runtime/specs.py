@@ -39,11 +39,14 @@ class Kind(str, enum.Enum):
     BARRIER_SHMEM = "barrier_shmem"
     CONST = "const"                # a compile-time size (constexpr)
     BLOCK = "block"                # a launch-time power-of-two block (constexpr)
-    ROLE = "role"                  # which programs run which family, and whether the kernel is the entry
+    ROLE = "role"                  # whether the kernel is the entry, traced, and which families it runs (constexpr)
+    SPREAD = "spread"              # a family's first program and how many it has: run-time ints, so that one
+                                   # compile serves every size and world (they change with both)
     TRACE = "trace"                # a family's timeline rows (timeline.py), or the entry's: int64 [instances, 4]
 
 
 CONSTEXPR = (Kind.CONST, Kind.BLOCK, Kind.ROLE)
+LAUNCHER_SET = (Kind.ROLE, Kind.SPREAD)  # the launcher's `_roles` gives these, not `_kernel_arg`
 
 
 @dataclass(frozen=True)

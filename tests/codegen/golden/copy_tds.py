@@ -29,11 +29,12 @@ def tds_tile_cp(tds_program, tds_programs, X, Y, N, BLOCK: tl.constexpr, tds_tra
 
 
 # The epoch is read from a device cell, so the arguments are the same at every call and a call can be
-# replayed from a CUDA graph.
-@triton.jit
+# replayed from a CUDA graph. Specialising on the rank, the spin bound or the programs a family runs on
+# (value 1, divisible by 16) would give each rank, size and world its own compile.
+@triton.jit(do_not_specialize=["tds_START_cp", "tds_PROGRAMS_cp"])
 def tds_kernel(X, Y, N, tds_epoch_cell, BLOCK: tl.constexpr, tds_trace_cp, tds_entry_trace,
                tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr, tds_TRACE: tl.constexpr,
-               tds_RUN_cp: tl.constexpr, tds_START_cp: tl.constexpr, tds_PROGRAMS_cp: tl.constexpr):
+               tds_RUN_cp: tl.constexpr, tds_START_cp, tds_PROGRAMS_cp):
     """Roles by program id: each family runs on programs START .. START+PROGRAMS-1; families that
     share programs run one after another in the family sequence, so no program ever waits on work
     that only it could do later.
@@ -112,8 +113,8 @@ tds_SPEC = tds_launch.ProgramSpec(
         tds_launch.Arg('tds_EXIT', 'role'),
         tds_launch.Arg('tds_TRACE', 'role'),
         tds_launch.Arg('tds_RUN_cp', 'role', of='cp'),
-        tds_launch.Arg('tds_START_cp', 'role', of='cp'),
-        tds_launch.Arg('tds_PROGRAMS_cp', 'role', of='cp'),
+        tds_launch.Arg('tds_START_cp', 'spread', of='cp'),
+        tds_launch.Arg('tds_PROGRAMS_cp', 'spread', of='cp'),
     ),
     tensors=(
         tds_launch.TensorSpec('X', 'in', 'bfloat16', staged=False, peers=False,

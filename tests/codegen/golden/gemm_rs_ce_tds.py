@@ -70,16 +70,16 @@ def tds_tile_red(tds_program, tds_programs, C, P, tds_sig_send, M, N, rank, worl
 
 
 # The epoch is read from a device cell, so the arguments are the same at every call and a call can be
-# replayed from a CUDA graph. Specialising on the rank or the spin bound (value 1, divisible by 16)
-# would give each rank its own compile.
-@triton.jit(do_not_specialize=["rank", "tds_max_spins"])
+# replayed from a CUDA graph. Specialising on the rank, the spin bound or the programs a family runs on
+# (value 1, divisible by 16) would give each rank, size and world its own compile.
+@triton.jit(do_not_specialize=["rank", "tds_max_spins", "tds_START_mm", "tds_PROGRAMS_mm", "tds_START_red",
+                               "tds_PROGRAMS_red"])
 def tds_kernel(C, W, P, tds_sig_send, tds_order_mm, tds_count_mm, tds_desc_mm_a, tds_desc_mm_b, tds_desc_mm_c,
                M, K, N, rank, world, tds_epoch_cell, tds_diag, tds_max_spins, tds_barrier, tds_barrier_peers,
                BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, tds_trace_mm,
                tds_trace_red, tds_entry_trace, tds_ENTER: tl.constexpr, tds_EXIT: tl.constexpr,
-               tds_TRACE: tl.constexpr, tds_RUN_mm: tl.constexpr, tds_START_mm: tl.constexpr,
-               tds_PROGRAMS_mm: tl.constexpr, tds_RUN_red: tl.constexpr, tds_START_red: tl.constexpr,
-               tds_PROGRAMS_red: tl.constexpr):
+               tds_TRACE: tl.constexpr, tds_RUN_mm: tl.constexpr, tds_START_mm, tds_PROGRAMS_mm,
+               tds_RUN_red: tl.constexpr, tds_START_red, tds_PROGRAMS_red):
     """Roles by program id: each family runs on programs START .. START+PROGRAMS-1; families that
     share programs run one after another in the family sequence, so no program ever waits on work
     that only it could do later.
@@ -261,11 +261,11 @@ tds_SPEC = tds_launch.ProgramSpec(
         tds_launch.Arg('tds_EXIT', 'role'),
         tds_launch.Arg('tds_TRACE', 'role'),
         tds_launch.Arg('tds_RUN_mm', 'role', of='mm'),
-        tds_launch.Arg('tds_START_mm', 'role', of='mm'),
-        tds_launch.Arg('tds_PROGRAMS_mm', 'role', of='mm'),
+        tds_launch.Arg('tds_START_mm', 'spread', of='mm'),
+        tds_launch.Arg('tds_PROGRAMS_mm', 'spread', of='mm'),
         tds_launch.Arg('tds_RUN_red', 'role', of='red'),
-        tds_launch.Arg('tds_START_red', 'role', of='red'),
-        tds_launch.Arg('tds_PROGRAMS_red', 'role', of='red'),
+        tds_launch.Arg('tds_START_red', 'spread', of='red'),
+        tds_launch.Arg('tds_PROGRAMS_red', 'spread', of='red'),
     ),
     tensors=(
         tds_launch.TensorSpec('A', 'in', 'bfloat16', staged=False, peers=False,

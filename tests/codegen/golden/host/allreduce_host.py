@@ -54,8 +54,8 @@ tds_SPEC = tds_launch.ProgramSpec(
         tds_launch.Arg('tds_EXIT', 'role'),
         tds_launch.Arg('tds_TRACE', 'role'),
         tds_launch.Arg('tds_RUN_add', 'role', of='add'),
-        tds_launch.Arg('tds_START_add', 'role', of='add'),
-        tds_launch.Arg('tds_PROGRAMS_add', 'role', of='add'),
+        tds_launch.Arg('tds_START_add', 'spread', of='add'),
+        tds_launch.Arg('tds_PROGRAMS_add', 'spread', of='add'),
     ),
     tensors=(
         tds_launch.TensorSpec('X', 'inout', 'bfloat16', staged=True, peers=True,
