@@ -1,6 +1,7 @@
-"""Same-run A/B of two builds of tiledsl: the library's AG+GEMM, GEMM+RS, AllReduce and GEMM+AR
-programs timed with whatever `tiledsl` is first on PYTHONPATH, each output checked against torch
-first. Run it under torchrun once per build, then compare:
+"""Same-run A/B of two builds of tiledsl: the library's AG+GEMM, GEMM+RS, AllReduce, GEMM+AR and GEMM
+programs, and at world 1 the attention tile (bench/experiments/attention_local.tds), timed with
+whatever `tiledsl` is first on PYTHONPATH, each output checked against torch first. Run it under torchrun once per
+build, then compare:
 
     PYTHONPATH=.baseline torchrun --nproc-per-node=2 bench/bench_rebuild.py --label before
     PYTHONPATH=$PWD torchrun --nproc-per-node=2 bench/bench_rebuild.py --label after
@@ -150,6 +151,31 @@ def measure(label: str) -> int:
                 results[f"gemm_ar M={m}"] = slowest(time_loop(lambda: gemm_ar(A, B, C, check=False)))
                 gemm_ar.check()
         gemm_ar.release()
+        # the GEMM tile alone (gemm.tds), and at world 1 the attention tile alone (sp_ag_attention's,
+        # bench/experiments/attention_local.tds: B 2, 4096 tokens, 32 / 8 heads of 128, causal)
+        gemm = tiledsl.compile(os.fspath(programs / "gemm.tds"), heap)
+        A, B = torch.randn(8192, 8192, **bf16), torch.randn(8192, 8192, **bf16)
+        C = torch.full((8192, 8192), float("nan"), **bf16)
+        gemm(A, B, C)
+        if checked("gemm 8192^3", C, A.float() @ B.float()):
+            results["gemm 8192^3"] = slowest(time_one(lambda: gemm(A, B, C, check=False)))
+            gemm.check()
+        gemm.release()
+        del A, B, C
+        if world == 1:
+            attention = tiledsl.compile(os.fspath(Path(__file__).resolve().parent / "experiments" /
+                                                  "attention_local.tds"), heap)
+            q = torch.randn(2, 2, 2048, 32, 128, **bf16)
+            k, v = (torch.randn(2, 2, 2048, 8, 128, **bf16) for _ in range(2))
+            o = torch.full_like(q, float("nan"))
+            attention(q, k, v, o)
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            want = sdpa(*(t.reshape(2, 4096, -1, 128).transpose(1, 2) for t in (q, k, v)), is_causal=True,
+                        enable_gqa=True).transpose(1, 2).reshape(q.shape)
+            if checked("attention tile 4K causal", o, want):
+                results["attention tile 4K causal"] = slowest(time_one(lambda: attention(q, k, v, o, check=False)))
+                attention.check()
+            attention.release()
     if rank == 0:
         OUT.mkdir(parents=True, exist_ok=True)
         path = OUT / f"rebuild_{label}.json"
