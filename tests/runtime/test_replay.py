@@ -1,6 +1,7 @@
 """The steady-state launch path: after the first call on a GPU the runtime relaunches the compiled
 kernel with the same arguments (the epoch is on the device). These tests check, without a GPU, that the
 argument list it builds is the one Triton's JIT would pass, for every program in programs/."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,41 @@ def test_a_chunk_is_local_exactly_where_its_source_and_target_are_this_ranks(mon
         ops = call.copies[family]
         assert sum(op.local for op in ops) == len(ops) // 2
         assert all(goes_first(op) == op.local for op in ops)
+
+
+class _Recorder:
+    """A JIT function or a heap that records, in one shared list, what was asked of it."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def warmup(self, *args, grid, **kwargs):
+        self.log.append((self.name, "warmup", grid))
+
+    def barrier(self):
+        self.log.append((self.name, "barrier"))
+
+
+def test_a_distributed_calls_first_launch_compiles_everything_then_meets_every_rank(monkeypatch):
+    """The first rank to compile must not spin at the entry barrier while a peer still compiles (it
+    timed out there at world 8 on one H200): entry and kernel are compiled first, then the host meets."""
+    from types import SimpleNamespace
+
+    from tiledsl.runtime.issue import Issuing, PreparedCall
+    log = []
+    monkeypatch.setattr(sync, "barrier_all", _Recorder(log, "barrier_all"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
+    issuing = Issuing()
+    issuing.spec = SimpleNamespace(distributed=True, spans_nodes=False, kernel=_Recorder(log, "kernel"))
+    issuing.heap = _Recorder(log, "heap")
+    issuing._epoch_cell, issuing.max_spins = torch.zeros(1), 10
+    call = PreparedCall(env={}, diag=torch.zeros(1), staged=[], barrier=(torch.zeros(1),), kernel_args={"x": 1},
+                        copies={}, roles={"tds_RUN_a": True}, grid=4, options={}, fold=False, counts=[])
+    assert issuing._must_meet(call)
+    issuing._compile_then_meet(call)
+    assert log == [("barrier_all", "warmup", (1,)), ("kernel", "warmup", (4,)), ("heap", "barrier")]
+    # launched once (a compiled kernel to relaunch, or rebound to new tensors from one): no meeting again
+    assert not issuing._must_meet(dataclasses.replace(call, issued=True))
+    assert not issuing._must_meet(dataclasses.replace(call, kernel_replay=object()))
+    issuing.spec.distributed = False
+    assert not issuing._must_meet(call)

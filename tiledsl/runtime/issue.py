@@ -169,25 +169,51 @@ class Issuing:
         if call.enter_replay is not None:
             call.enter_replay()
             return
-        options = {}
-        if self.spec.distributed and self.spec.spans_nodes:
-            function, args = sync.barrier_nodes, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
-            # its second level signals and waits through NVSHMEM: linked with it like the kernel (and
-            # its module initialised by the same post-compile hook)
-            options = {"extern_libs": call.options["extern_libs"]} if "extern_libs" in call.options else {}
-        elif self.spec.distributed:
-            function, args = sync.barrier_all, (*call.barrier, self._epoch_cell, call.diag, self.max_spins)
-        else:
-            function, args = sync.enter, (self._epoch_cell,)
+        function, args, options = self._entry_launch(call) or (sync.enter, (self._epoch_cell,), {})
         compiled = function[(1,)](*args, **options)
         if self.replay:
             call.enter_replay = Replay(function, compiled, (1,), dict(zip(function.arg_names, args)))
+
+    def _entry_launch(self, call):
+        """The entry barrier's kernel, arguments and options for `call` (None: the program does not
+        communicate, its entry only advances the epoch)."""
+        if not self.spec.distributed:
+            return None
+        if self.spec.spans_nodes:
+            # its second level signals and waits through NVSHMEM: linked with it like the kernel (and
+            # its module initialised by the same post-compile hook)
+            options = {"extern_libs": call.options["extern_libs"]} if "extern_libs" in call.options else {}
+            return sync.barrier_nodes, (*call.barrier, self._epoch_cell, call.diag, self.max_spins), options
+        return sync.barrier_all, (*call.barrier, self._epoch_cell, call.diag, self.max_spins), {}
+
+    def _must_meet(self, call) -> bool:
+        """Whether `call` is a distributed call never launched (nothing compiled for it yet: a call rebound
+        to new tensors keeps its template's compiled kernels) outside a graph capture."""
+        return (self.spec.distributed and self.heap is not None and not call.issued
+                and call.kernel_replay is None and call.enter_replay is None
+                and not torch.cuda.is_current_stream_capturing())
+
+    def _compile_then_meet(self, call):
+        """Before a distributed call's first launch: compile its entry barrier and kernel without
+        launching them, then meet every rank on the host. Without it the first rank to finish compiling
+        spins at the entry barrier while its peers still compile (an NVSHMEM-linked module takes ~5 s to
+        link; eight ranks compiling on one machine take longer), and its wait bound runs out: on one H200
+        at world 8 a two-level all-gather's first call timed out at the entry barrier that way."""
+        entry = None if call.fold else self._entry_launch(call)
+        if entry is not None:
+            function, args, options = entry
+            function.warmup(*args, grid=(1,), **options)
+        if call.grid and call.kernel_replay is None:
+            self.spec.kernel.warmup(grid=(call.grid,), **call.kernel_args, **(call.roles or {}), **call.options)
+        self.heap.barrier()
 
     def _issue(self, call, captured: bool = False):
         """One call on a GPU: staging, entry, the copies within this GPU (`goes_first`), then the
         persistent kernel on the current stream beside the other copy-engine chunks on the
         communication stream, joined at the end."""
         compute = torch.cuda.current_stream()
+        if self._must_meet(call):
+            self._compile_then_meet(call)
         self._begin(call, captured)
         if call.copy_list is None and call.copies:
             from tiledsl.runtime import copy_engine
