@@ -15,9 +15,8 @@ Links (NVLink, IB), the copy engines a stream runs at once and a signal's latenc
 GPU: they are not measured here."""
 from __future__ import annotations
 
-import statistics
-
 from tiledsl import library
+from tiledsl.runtime import timing
 
 # (M, K, N) of the product tile's calibration: from under one wave of 132 SMs to several
 PRODUCTS = ((1024, 4096, 2048), (4096, 4096, 4096), (8192, 4096, 4096), (8192, 1024, 8192), (8192, 8192, 8192),
@@ -33,20 +32,9 @@ class CalibrationError(RuntimeError):
 
 
 def gpu_us(fn, calls: int = 50, windows: int = 7, warmup: int = 3) -> float:
-    """Median over `windows` of the GPU time per call of `calls` back-to-back calls, in microseconds."""
-    import torch
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(windows):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+    """Median over `windows` of the GPU time per call of `calls` back-to-back calls, in microseconds
+    (tiledsl.runtime.timing, the timer the ops' tuner and the benchmarks use too)."""
+    return timing.median_us(fn, calls=calls, windows=windows, warmup=warmup)
 
 
 def _checked(name: str, got, want, tol: float) -> None:
