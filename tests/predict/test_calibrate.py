@@ -64,3 +64,15 @@ def test_the_tile_rates_are_fitted_to_the_measured_products(tmp_path, monkeypatc
     assert data["tile_fixed_us"] == pytest.approx(fixed, abs=0.01)
     assert data["sm_tflops"] == pytest.approx(tflops, abs=0.01)
     assert "least squares over programs/gemm.tds at 6 products" in data["sources"]["tile_fixed_us, sm_tflops"]
+
+
+def test_a_rates_file_written_before_a_field_existed_takes_the_shipped_figure_for_it(tmp_path):
+    shipped = json.loads(rates.DEFAULT.read_text())
+    older = {k: v for k, v in shipped.items() if k not in ("wait_us", "release_us")}
+    older["call_us"] = 7.5
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(older))
+    found = rates.load(path)
+    assert found.call_us == 7.5  # the file's own figure
+    assert (found.wait_us, found.release_us) == (shipped["wait_us"], shipped["release_us"])
+    assert rates.load(path, {"wait_us": 2.0}).wait_us == 2.0
