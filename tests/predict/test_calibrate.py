@@ -144,3 +144,15 @@ def test_a_stream_operation_is_timed_replayed_from_a_graph_and_the_python_issued
     else:
         assert us == pytest.approx(1.0) and len(clock.captured) == measure.OPS_A_GRAPH
         assert source.startswith("100 4-byte cuMemcpyAsync within the GPU captured in one CUDA graph")
+
+
+def test_the_wait_probe_is_a_schedule_the_checker_proves_and_its_figure_is_kept_beside_the_rates():
+    from tiledsl import pipeline
+    checked = pipeline.run(measure.WAIT_CHAIN, until="check").schedule
+    assert [(e.producer, e.consumer) for e in checked.edges] == [("step", "step")]
+    base = json.loads(rates.DEFAULT.read_text())
+    found = {"rates": {**MEASURED["rates"], "wait_release_us": 0.8},
+             "sources": {**MEASURED["sources"], "wait_release_us": "the chain"}}
+    out = calibrate.calibrated(base, found, "2026-12-04")
+    assert out["measured_wait_release_us"] == 0.8 and "wait_release_us" not in rates.FIELDS
+    assert (out["wait_us"], out["release_us"]) == (base["wait_us"], base["release_us"])  # set by hand

@@ -9,6 +9,8 @@ checked first on fresh random inputs:
 - `ce_local_gbps`: a 256 MB copy within the GPU through cuMemcpyAsync (torch's `copy_`, as the
   copy-engine chunks issue theirs); `ce_op_us`: a 4-byte one, per operation, replayed from a CUDA
   graph as a call's stream operations are;
+- `wait_release_us` (informing `wait_us` and `release_us`, which stay as set): what a wait whose
+  signal is there and a release store add to a tile, a chain of copy tiles against copy.tds, one SM;
 - `products`: programs/gemm.tds (the product tile, BM = 128, BN = 256) timed at products of one to
   several waves, to which calibrate.py fits `tile_fixed_us` and `sm_tflops`.
 
@@ -58,6 +60,19 @@ def _copy_program(n: int, **options):
 
 OPS_A_GRAPH = 100  # 4-byte copies captured in one CUDA graph for ce_op_us
 
+# copy.tds's tiles on one program, each waiting on the one before it (whose signal is there: the same
+# program wrote it) and releasing the next: against copy.tds's on one program, what a wait's read and
+# a release store into one rank's slot cost a program together (simulate._sync_us)
+WAIT_CHAIN = """program wait_chain
+param N
+const BLOCK = 1024
+in  X : bf16[N]
+out Y : bf16[N]
+tile step[i in N / BLOCK] on sms(1): Y[i*BLOCK : +BLOCK] = X[i*BLOCK : +BLOCK]
+step[i] after step[i - 1]
+"""
+CHAIN_TILES = 4096
+
 
 def _stream_op_us(copy, log) -> tuple[float, str]:
     """(us, source) of one operation on a stream as a replayed call runs it: OPS_A_GRAPH 4-byte copies
@@ -79,6 +94,24 @@ def _stream_op_us(copy, log) -> tuple[float, str]:
                                   f"operation (its capture in a CUDA graph failed: {str(why).splitlines()[0]})")
     return round(replayed, 2), (f"{OPS_A_GRAPH} 4-byte cuMemcpyAsync within the GPU captured in one CUDA graph, "
                                 f"replayed back to back, per operation (issued from Python: {issued:.2f} us)")
+
+
+def _wait_release_us(log) -> float:
+    """Microseconds a tile's wait (its signal there) and release add to its program: WAIT_CHAIN
+    against copy.tds, both on one SM over CHAIN_TILES tiles of 1024 elements."""
+    import torch
+
+    import tiledsl
+    x = torch.randn(CHAIN_TILES * 1024, device="cuda", dtype=torch.bfloat16)
+    times = {}
+    for name, program in (("wait_chain", tiledsl.compile(WAIT_CHAIN)),
+                          ("copy.tds", tiledsl.compile(library.program("copy"), num_sms=1))):
+        y = torch.full_like(x, float("nan"))
+        program(x, y)
+        _checked(f"{name} on one SM", y, x, 0.0)
+        times[name] = gpu_us(lambda program=program, y=y: program(x, y, check=False), calls=5, windows=5)
+        log(f"{name}: {CHAIN_TILES} tiles on one SM in {times[name]:.1f} us")
+    return (times["wait_chain"] - times["copy.tds"]) / CHAIN_TILES
 
 
 def measure(log=print) -> dict:
@@ -127,6 +160,17 @@ def measure(log=print) -> dict:
     cell, other = torch.arange(1, device="cuda", dtype=torch.int32), torch.zeros(1, device="cuda", dtype=torch.int32)
     got["ce_op_us"], sources["ce_op_us"] = _stream_op_us(lambda: other.copy_(cell, non_blocking=True), log)
     log(f"ce_local_gbps {got['ce_local_gbps']}, ce_op_us {got['ce_op_us']}")
+
+    try:
+        got["wait_release_us"] = round(_wait_release_us(log), 3)
+        sources["wait_release_us"] = (f"programs/copy.tds's tiles on one SM, each waiting on the one before it "
+                                      f"({CHAIN_TILES} tiles), against copy.tds on one SM: a wait's read and a "
+                                      "release store together, per tile (wait_us + release_us for one rank)")
+        log(f"wait_release_us {got['wait_release_us']}")
+    except CalibrationError:
+        raise
+    except Exception as why:  # noqa: BLE001 - a probe that cannot run here leaves the rates it would inform
+        log(f"wait_release_us not measured: {type(why).__name__}: {str(why).splitlines()[0]}")
 
     import tiledsl
     gemm = tiledsl.compile(library.program("gemm"))
