@@ -13,6 +13,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from harness import mismatch  # noqa: E402  (the comparison the GPU checks use: NaN or Inf is never right)
 
+from tiledsl.runtime import timing  # noqa: E402
 from tiledsl.runtime.placement import refuse_timing  # noqa: E402
 
 
@@ -42,18 +43,7 @@ def time_ms(fn, warmup: int = 5, reps: int = 30, before=None) -> float:
         if before:
             before()
         fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if before:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return timing.median_us(fn, calls=1, windows=reps, warmup=0, before=before) / 1e3
 
 
 def host_us(fn, calls: int = 200) -> float:
@@ -71,23 +61,10 @@ def host_us(fn, calls: int = 200) -> float:
 def time_loop_ms(fn, calls: int = 20, windows: int = 10, warmup: int = 5, before=None) -> float:
     """Steady-state time per call, as a training or decode loop sees it: `calls` calls back to back
     between two CUDA events, the median over `windows` such windows; `before` (untimed) runs ahead of
-    each window. The host enqueues ahead of the GPU, so launch cost is hidden where the GPU is busier."""
+    each window. The host enqueues ahead of the GPU, so launch cost is hidden where the GPU is busier.
+    The timer is tiledsl.runtime.timing's, which calibrate and the ops' tuner use too."""
     refuse_shared()
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(windows):
-        if before:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
+    return timing.median_us(fn, calls=calls, windows=windows, warmup=warmup, before=before) / 1e3
 
 
 def time_interleaved_ms(fns: dict, calls: int = 20, windows: int = 10, warmup: int = 5) -> dict:
@@ -97,18 +74,11 @@ def time_interleaved_ms(fns: dict, calls: int = 20, windows: int = 10, warmup: i
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    torch.cuda.synchronize()
     times = {name: [] for name in fns}
     for _ in range(windows):
         for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) / calls)
-    return {name: statistics.median(t) for name, t in times.items()}
+            times[name] += timing.windows_us(fn, calls=calls, windows=1, warmup=0)
+    return {name: statistics.median(t) / 1e3 for name, t in times.items()}
 
 
 def slowest(value: float) -> float:

@@ -187,14 +187,14 @@ def test_every_path_matches_the_sum_over_ranks_on_shapes_no_tile_fits(emulated, 
 def test_without_timings_fitting_shapes_take_the_program_and_padded_products_torch(emulated):
     _, _, results, _ = emulated
     rule = results[0]["rule"]
-    # products with two or more programs that fit: ranked by tiledsl.predict at this world (nothing measured)
-    for op in ("all_gather_matmul", "matmul_reduce_scatter"):
+    # two or more programs that fit: ranked by tiledsl.predict at this world (nothing measured)
+    for op in ("all_gather_matmul", "matmul_reduce_scatter", "all_reduce"):
         how, predicted = results[0]["predicted"][op]
         assert how == "predicted" and len(predicted) >= 2, (op, how, predicted)
         assert rule[op, "fitting"] == min(predicted, key=lambda item: item[1])[0]
     assert results[0]["predicted"]["matmul_all_reduce"][0] == "rule"  # one program: nothing to rank
     assert rule["matmul_all_reduce", "fitting"] == "gemm_ar"
-    assert rule["all_reduce", "fitting"] == "allreduce"                # one-shot at world 2, as AllReduce
+    assert rule["all_reduce", "fitting"] == "allreduce"                # one-shot predicted faster at 128 elements
     assert rule["all_reduce_rmsnorm", "fitting"] == "allreduce_rmsnorm"
     # padding copies only a measurement can justify: ragged products take torch, collectives need none
     assert rule["ag_matmul ragged rows, K and N", torch.bfloat16] == "torch"

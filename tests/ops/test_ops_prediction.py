@@ -91,3 +91,71 @@ def test_a_measured_bucket_is_not_overridden_by_a_prediction():
     ops.configure(timer=lambda name, fn: (fn(), timed[name])[1])
     decision = tuning.decide(q, Rank0(), tune=True)
     assert decision.how == "tuned" and decision.choice == "gemm_rs_ce" and decision.predicted_us == ()
+
+
+# ---- through the dispatcher: the ops' own paths, sizes and rule ------------------------------------
+
+def simulated_us(path, world: int, sizes: dict) -> float:
+    """A program path simulated directly (no ops cache) at its consts (the library's, its tunables)."""
+    from tiledsl import pipeline
+    from tiledsl.ops.context import library_program
+    from tiledsl.predict import load, predict
+    schedule = pipeline.run(library_program(path.program), until="schedule").schedule
+    return predict(schedule, world, {**consts_for(None, path.program, path.tunables), **sizes}, load()).total_us
+
+
+class CpuHeap:
+    """What a decision reads of a heap: its device (nothing is allocated: no path runs)."""
+    device = torch.device("cpu")
+
+
+@pytest.fixture
+def emulated_group(monkeypatch):
+    """Group "g" of two emulated ranks served by a heap of library consts; this process is its rank 0
+    (no torch.distributed: the agreement is Rank0's)."""
+    from tiledsl.ops import dispatch
+    from tiledsl.ops.context import STATE, HeapEntry
+    STATE.heaps["g"] = HeapEntry(CpuHeap(), "g", emulated=True)
+    monkeypatch.setattr(dispatch, "_Agreement", lambda group: Rank0())
+    return dispatch
+
+
+def problem(x, w=None):
+    from tiledsl.ops.paths import Problem
+    rows = x.reshape(-1) if w is None else x
+    return Problem("g", 2, x.dtype, x.device, rows, tuple(x.shape), 0, w)
+
+
+@pytest.mark.parametrize("op, x, w, sizes", [
+    # 128 rows a rank gathered at world 2: M = 256 (ag_gemm, ag_gemm_push)
+    ("all_gather_matmul", (128, 512), (512, 512), dict(M=256, K=512, N=512)),
+    # every rank's 256 rows, this rank's K = 512 (gemm_rs_pull, gemm_rs_ce, gemm_rs)
+    ("matmul_reduce_scatter", (256, 512), (512, 512), dict(M=256, K=512, N=512)),
+    # 300 000 elements summed in a buffer of their size class: 10 x 32 768 (one of 8 sizes between
+    # 2^18 and 2^19), so N = 327 680 (allreduce, allreduce_two_shot)
+    ("all_reduce", (300, 1000), None, dict(N=327680)),
+])
+def test_each_op_with_tuning_off_and_nothing_measured_takes_its_program_predicted_fastest(emulated_group, op, x, w,
+                                                                                          sizes):
+    x = torch.randn(*x, dtype=torch.bfloat16)
+    w = None if w is None else torch.randn(*w, dtype=torch.bfloat16)
+    decision, path, _ = emulated_group.choose(op, problem(x, w), tune=False)
+    paths = emulated_group.OPS[op].paths(None)[1:]  # every program with every tunable, in tie order
+    names = [p.name for p in paths]
+    want = {p.name: simulated_us(p, 2, sizes) for p in paths}
+    assert len(want) >= 2
+    ranked = sorted(want, key=lambda name: (want[name], names.index(name)))
+    assert decision.how == "predicted" and decision.choice == path.name == ranked[0]
+    assert [(p, pytest.approx(us)) for p, us in decision.predicted_us] == [(p, want[p]) for p in ranked]
+    assert decision.times_ms == ()
+    text = ops.explain(op)
+    assert f"{ranked[0]} (predicted: chosen by prediction (not measured)" in text
+    assert "predicted (not measured): " + ", ".join(f"{p} {want[p]:.1f} us" for p in ranked) in text
+
+
+def test_a_padded_call_is_not_ranked_by_prediction_the_rule_decides(emulated_group):
+    """100 rows a rank are not whole 128-row tiles: every program would pad, which only a measurement
+    can justify, so no program is predicted and the rule (torch, as nothing fits) decides."""
+    x, w = torch.randn(100, 512, dtype=torch.bfloat16), torch.randn(512, 512, dtype=torch.bfloat16)
+    decision, _, _ = emulated_group.choose("all_gather_matmul", problem(x, w), tune=False)
+    assert decision.how == "rule" and decision.predicted_us == () and decision.choice == "torch"

@@ -64,3 +64,95 @@ def test_the_tile_rates_are_fitted_to_the_measured_products(tmp_path, monkeypatc
     assert data["tile_fixed_us"] == pytest.approx(fixed, abs=0.01)
     assert data["sm_tflops"] == pytest.approx(tflops, abs=0.01)
     assert "least squares over programs/gemm.tds at 6 products" in data["sources"]["tile_fixed_us, sm_tflops"]
+
+
+def test_a_rates_file_written_before_a_field_existed_takes_the_shipped_figure_for_it(tmp_path):
+    shipped = json.loads(rates.DEFAULT.read_text())
+    older = {k: v for k, v in shipped.items() if k not in ("wait_us", "release_us")}
+    older["call_us"] = 7.5
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(older))
+    found = rates.load(path)
+    assert found.call_us == 7.5  # the file's own figure
+    assert (found.wait_us, found.release_us) == (shipped["wait_us"], shipped["release_us"])
+    assert rates.load(path, {"wait_us": 2.0}).wait_us == 2.0
+
+
+class Clock:
+    """torch.cuda's synchronize, Event and a CUDA graph's capture and replay, on a clock (ms) that a
+    copy moves 0.005 ms when issued from Python and 0.001 ms when replayed from a graph."""
+
+    def __init__(self, capture_fails=False):
+        self.now, self.capturing, self.captured, self.capture_fails = 0.0, False, [], capture_fails
+
+    def synchronize(self):
+        pass
+
+    def Event(self, enable_timing=False):  # noqa: N802 - torch.cuda's name
+        clock = self
+
+        class Event:
+            def record(self):
+                self.at = clock.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+        return Event()
+
+    def copy(self):
+        if self.capturing:
+            self.captured.append(1)
+        else:
+            self.now += 0.005
+
+    def CUDAGraph(self):  # noqa: N802
+        if self.capture_fails:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        clock = self
+
+        class Graph:
+            def replay(self):
+                clock.now += 0.001 * len(clock.captured)
+        return Graph()
+
+    def graph(self, graph):
+        import contextlib
+        clock = self
+
+        @contextlib.contextmanager
+        def capture():
+            clock.capturing = True
+            yield
+            clock.capturing = False
+        return capture()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_stream_operation_is_timed_replayed_from_a_graph_and_the_python_issued_figure_kept_only_as_a_fallback(
+        monkeypatch, fails):
+    clock = Clock(capture_fails=fails)
+    for name in ("synchronize", "Event", "CUDAGraph", "graph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(clock, name))
+    lines = []
+    us, source = measure._stream_op_us(clock.copy, lines.append)
+    assert lines == ["ce_op_us issued from Python: 5.00 us a copy"]
+    if fails:
+        assert us == 5.0 and "its capture in a CUDA graph failed: operation not permitted" in source
+    else:
+        assert us == pytest.approx(1.0) and len(clock.captured) == measure.OPS_A_GRAPH
+        assert source.startswith("100 4-byte cuMemcpyAsync within the GPU captured in one CUDA graph")
+
+
+def test_the_wait_probe_is_a_schedule_the_checker_proves_and_its_figure_is_kept_beside_the_rates():
+    from tiledsl import pipeline
+    checked = pipeline.run(measure.WAIT_CHAIN, until="check").schedule
+    assert [(e.producer, e.consumer) for e in checked.edges] == [("step", "step")]
+    base = json.loads(rates.DEFAULT.read_text())
+    found = {"rates": {**MEASURED["rates"], "wait_release_us": 0.8},
+             "sources": {**MEASURED["sources"], "wait_release_us": "the chain"}}
+    out = calibrate.calibrated(base, found, "2026-12-04")
+    assert out["measured_wait_release_us"] == 0.8 and "wait_release_us" not in rates.FIELDS
+    assert (out["wait_us"], out["release_us"]) == (base["wait_us"], base["release_us"])  # set by hand

@@ -13,11 +13,12 @@ from tiledsl.predict import load, predict, report
 
 ROOT = Path(__file__).parents[2]
 
-# every rate 1 GB/s, every stream operation 1 us, a signal 0.5 us on its rank and 1 us to a peer
+# every rate 1 GB/s, every stream operation 1 us, a signal 0.5 us on its rank and 1 us to a peer, an SM
+# wait's read and release store free (test_a_wait_and_a_release_cost_their_programs sets them)
 RATES = dataclasses.replace(
     load(), sms=8, tile_fixed_us=0.0, hbm_gbps=100.0, sm_hbm_gbps=1.0, ce_local_gbps=1.0, ce_op_us=1.0,
-    call_us=10.0, signal_local_us=0.5, nvlink_gbps=2.0, nvlink_efficiency=0.5, nvlink_latency_us=1.0,
-    sm_link_gbps=1.0, copy_engines=1)
+    call_us=10.0, signal_local_us=0.5, wait_us=0.0, release_us=0.0, nvlink_gbps=2.0, nvlink_efficiency=0.5,
+    nvlink_latency_us=1.0, sm_link_gbps=1.0, copy_engines=1)
 
 CHAIN = """program chain
 param N
@@ -80,6 +81,26 @@ def test_pipeline_of_two_families_on_their_own_programs_overlaps_all_but_one_sta
     assert found.kernel_us == pytest.approx(20.5)
     ends = sorted(s.end_us for s in found.slots if s.rank == 0 and s.lane == "program 1")
     assert ends == pytest.approx([8.5, 12.5, 16.5, 20.5])
+
+
+def test_a_wait_and_a_release_cost_their_programs_time_beside_the_signals_latency():
+    # as the pipeline above, with each SM wait's read 0.25 us and each release store 0.125 us a waiting
+    # rank: a[i] (b[i] on its own rank waits on it) 4.125 us, ending 4.125, 8.25, 12.375, 16.5; b[i]
+    # released 0.5 us after a[i] and 4.25 us long (its one wait): b[0] 4.625..8.875, then its program
+    # is the later: 13.125, 17.375, 21.625
+    rates = dataclasses.replace(RATES, wait_us=0.25, release_us=0.125)
+    found = simulated(PIPELINE, 2, {"N": 4000}, rates)
+    ends = {lane: sorted(s.end_us for s in found.slots if s.rank == 0 and s.lane == lane)
+            for lane in ("program 0", "program 1")}
+    assert ends["program 0"] == pytest.approx([4.125, 8.25, 12.375, 16.5])
+    assert ends["program 1"] == pytest.approx([8.875, 13.125, 17.375, 21.625])
+    assert found.kernel_us == pytest.approx(21.625)
+
+
+def test_copy_engine_chunks_pay_their_stream_operations_not_the_sm_wait_and_release():
+    rates = dataclasses.replace(RATES, wait_us=5.0, release_us=5.0)
+    source = (ROOT / "programs" / "allgather.tds").read_text()
+    assert simulated(source, 2, {"M": 2000, "N": 1}, rates).kernel_us == pytest.approx(7.0)
 
 
 def test_pipeline_critical_path_names_the_wait_and_then_the_program_order():

@@ -14,7 +14,10 @@ group on a GPU, or given with `use_heap(heap, group)` (emulated ranks pass their
 heap takes the torch path, and `explain()` says so.
 
 Settings (`configure`, or the environment): tune=False / TILEDSL_OPS_TUNE=0 measures nothing (a cached
-choice, else the rule: the preferred program where the shape needs no padding, else torch);
+choice; else, for all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce and all_reduce, the
+program predicted fastest by tiledsl.predict at the call's world among those that need no padding,
+`explain()` naming it "predicted" with each predicted time; else the rule: the preferred program where
+the shape needs no padding, else torch);
 timer= (timer(name, fn) -> seconds) replaces the CUDA-event timer, TILEDSL_OPS_TIMER=graph times
 inside a CUDA graph; cache_dir= / TILEDSL_OPS_CACHE_DIR; check=True / TILEDSL_OPS_CHECK=1 checks
 every call for a wait that gave up (by default a program's first call at each shape is checked, and

@@ -28,6 +28,9 @@ class AllReduce(Op):
     def exact(self, path, p, entry):
         return True  # the sum is computed in a new buffer either way; its tail past x is not read back
 
+    def predicted_sizes(self, p):  # N: the buffer `fused` sums, x's elements rounded up to their size class
+        return dict(N=size_class(p.x.numel()))
+
     def unfused(self, p):
         return torch_path.all_reduce(p.x, group(p)).view(p.moved)
 

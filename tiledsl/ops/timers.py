@@ -10,22 +10,15 @@ from typing import Callable
 import torch
 
 from tiledsl.ops.context import ENV_TIMER, STATE
+from tiledsl.runtime import timing
 
 WARMUP, REPEATS = 3, 10  # calls before timing, calls timed back to back (as a model issues them)
 
 
 def event_timer(name: str, fn: Callable[[], object]) -> float:
-    """CUDA events around REPEATS calls back to back, after WARMUP calls."""
-    for _ in range(WARMUP):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPEATS):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / REPEATS
+    """CUDA events around REPEATS calls back to back, after WARMUP calls (one window of
+    tiledsl.runtime.timing's timer, which calibrate and the benchmarks use too)."""
+    return timing.median_us(fn, calls=REPEATS, windows=1, warmup=WARMUP) / 1e6
 
 
 def graph_timer(name: str, fn: Callable[[], object]) -> float:

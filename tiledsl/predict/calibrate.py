@@ -55,6 +55,8 @@ def calibrated(base: dict, measured: dict, when: str) -> dict:
     for key in [k for k in out["sources"] if k not in sources and k.split(",")[0] in rates]:
         del out["sources"][key]  # a base source of a field measured under a joint key
     out["measured_products"] = rates.get("products", [])
+    if "wait_release_us" in rates:  # not a rate: the two it informs (wait_us, release_us) are set by hand
+        out["measured_wait_release_us"] = rates["wait_release_us"]
     return out
 
 

@@ -28,6 +28,8 @@ class Rates:
     ce_op_us: float           # each operation (wait, copy, signal) on the communication stream
     call_us: float            # a call's fixed cost: launch and the entry barrier
     signal_local_us: float    # a signal seen on its own rank
+    wait_us: float            # an SM wait's first acquire read of its slot (system scope), set or not
+    release_us: float         # an SM producer's release store (system scope) into one waiting rank's slot
     nvlink_gbps: float        # per direction, per GPU (NVSwitch: a GPU's port, whichever peer)
     nvlink_efficiency: float  # the share of nvlink_gbps that loads, stores and copies reach
     nvlink_latency_us: float  # a signal (or the first bytes) crossing to a peer of the node
@@ -75,9 +77,11 @@ def find(name: str | Path | None) -> Path:
 
 
 def load(path: str | Path | None = None, overrides: dict[str, float] | None = None) -> Rates:
-    """The rates in `path` (a file or a GPU model, `find`; default: H200's), with `overrides` by field name."""
+    """The rates in `path` (a file or a GPU model, `find`; default: H200's), with `overrides` by field name.
+    A field the file lacks (one written before the field existed) is the shipped H200 file's."""
     data = json.loads(find(path).read_text())
-    values = {k: v for k, v in data.items() if k in FIELDS}
+    shipped = json.loads(DEFAULT.read_text())
+    values = {k: data.get(k, shipped[k]) for k in FIELDS}
     for name, value in (overrides or {}).items():
         if name not in FIELDS or name == "gpu":
             raise ValueError(f"no rate named {name!r}; rates: {', '.join(f for f in FIELDS if f != 'gpu')}")

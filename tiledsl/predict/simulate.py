@@ -107,6 +107,8 @@ def simulate(schedule: ir.Schedule, world: int, sizes: dict[str, int], rates: Ra
                 ops = 1 + bool(waits[position]) + len(waiting_ranks.get(position, ()))
                 duration = cost.duration_us(share, family.engine.kind, running[family.name], rates, topology, rank,
                                             ops)
+                if family.engine.kind is not ir.EngineKind.COPY_ENGINE:  # the stream's are in `ops`
+                    duration += _sync_us(len(waits[position]), len(waiting_ranks.get(position, ())), rates)
                 slots[node] = Slot(position, rank, lane, family.engine.kind.value, duration, moved=share.moved,
                                    node=node, part=part)
     joins = {}
@@ -207,6 +209,15 @@ def _run(done: meaning.Concrete, slots: list, queues: list[list[int]], waits, pa
                 ready.append(then)
     if seen < sum(s is not None for s in slots):
         raise ValueError("the lanes' order and the waits have a cycle: the kernel would not finish")
+
+
+def _sync_us(waits: int, waiting_ranks: int, rates: Rates) -> float:
+    """What an SM instance's own synchronisation costs its program (runtime/sync.py): each of its
+    waits reads its slot once with an acquire at system scope, even when the signal is already there,
+    and once its stores are done it writes a release store at system scope into the slot of each rank
+    that waits on it. Paid on the program's time, unlike a signal's latency, which only delays the
+    waiter."""
+    return waits * rates.wait_us + waiting_ranks * rates.release_us
 
 
 def _signal_us(topology, producer_rank: int, consumer_rank: int, rates: Rates) -> float:

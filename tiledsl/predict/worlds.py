@@ -140,8 +140,9 @@ A ratio above 1 says tiledsl's overlapped call is predicted faster than the GEMM
 MODELLED = """
 What is and is not modelled. The tiledsl column simulates every instance of every rank of the program's
 schedule (the meaning the checker proves) on the lanes that run them, waits released at their producers'
-ends plus a signal's latency, tiles costed from FLOPs and bytes against the H200 rates (the tile's fitted
-on one GPU, NVLink's efficiency from a world-2 baseline, IB's assumed); the baseline's GEMM uses the same
+ends plus a signal's latency (each wait's read and each release store paid on its program), tiles costed
+from FLOPs and bytes against the H200 rates (calibrated on one GPU, NVLink's efficiency from a world-2
+baseline, IB's assumed); the baseline's GEMM uses the same
 tile model, so the ratio compares schedules under one set of rates. NCCL is a formula, not a simulation:
 its ring at the same effective link rates, one channel a NIC across nodes, with no launch cost, no
 protocol choice (LL/LL128/Simple), no tree, PXN or NVLS/SHARP offload, so it is closer to a best case for
