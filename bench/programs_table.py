@@ -192,6 +192,10 @@ def table(folder: Path, *earlier: Path) -> str:
 
 
 def _commit() -> str:
+    """TILEDSL_COMMIT where the caller knows it (a device machine's copy of the tree may carry a stale
+    git directory: it once named a commit two behind the one it ran), else git's HEAD."""
+    if os.environ.get("TILEDSL_COMMIT"):
+        return os.environ["TILEDSL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=False).stdout.strip() or os.environ.get("TILEDSL_COMMIT", "?")
