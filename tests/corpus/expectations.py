@@ -268,3 +268,66 @@ def allgather_nvshmem(inputs, world, sizes):
 
 def dequant_linear(inputs, world, sizes):
     return {"Y": [(x @ w) * s for x, w, s in zip(inputs["X"], inputs["W"], inputs["s"])]}
+
+
+# ---- written later, from the README and the grammar alone (issue 24, the second set) ---------------
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' LLaMA apply_rotary_pos_emb on [T, heads, D], cos and sin [T, D/2] (one per pair)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = torch.cat([cos, cos], -1)[:, None, :], torch.cat([sin, sin], -1)[:, None, :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def swiglu_bias(inputs, world, sizes):
+    return {"H": [F.silu(F.linear(x, wg.T, bg)) * F.linear(x, wu.T, bu)
+                  for x, wg, bg, wu, bu in zip(inputs["X"], inputs["Wg"], inputs["bg"], inputs["Wu"], inputs["bu"])]}
+
+
+def gqa_attention(inputs, world, sizes):
+    out = []
+    for q, k, v in zip(inputs["Q"], inputs["K"], inputs["V"]):   # [S, heads, D] -> SDPA's [heads, S, D]
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), enable_gqa=True)
+        out.append(o.transpose(0, 1))
+    return {"O": out}
+
+
+def rotary_qk(inputs, world, sizes):
+    return {"Qr": [_rotate_half(q, c, s) for q, c, s in zip(inputs["Q"], inputs["Cos"], inputs["Sin"])],
+            "Kr": [_rotate_half(k, c, s) for k, c, s in zip(inputs["K"], inputs["Cos"], inputs["Sin"])]}
+
+
+def _megatron_target_logit(inputs, world) -> torch.Tensor:
+    """The target logit as Megatron's VocabParallelCrossEntropy computes it: each rank masks the targets
+    outside its shard, picks its logit of the others (0 where masked), and the pieces are all-reduced.
+    Each rank uses its own targets (the test passes every rank different ones)."""
+    total = 0
+    for r, (logits, target) in enumerate(zip(inputs["L"], inputs["target"])):
+        vs = logits.shape[-1]
+        local = target.long() - r * vs
+        outside = (local < 0) | (local >= vs)
+        picked = logits.gather(-1, local.clamp(0, vs - 1))
+        total = total + picked.masked_fill(outside, 0.0)
+    return total
+
+
+def vocab_target_logit(inputs, world, sizes):
+    return {"Tgt": _every(_megatron_target_logit(inputs, world), world)}
+
+
+def vocab_cross_entropy(inputs, world, sizes):
+    lse = torch.logsumexp(torch.cat(inputs["L"], dim=-1), dim=-1, keepdim=True)
+    loss = lse - _megatron_target_logit(inputs, world) + 1e-4 * lse ** 2
+    return {"Loss": _every(loss, world)}
+
+
+def vocab_embedding(inputs, world, sizes):
+    """Megatron's VocabParallelEmbedding: each rank looks up its own ids in its shard (0 outside it),
+    then the all-reduce."""
+    total = 0
+    for r, (ids, table) in enumerate(zip(inputs["ids"], inputs["E"])):
+        vs = table.shape[0]
+        local = ids.long() - r * vs
+        outside = (local < 0) | (local >= vs)
+        total = total + F.embedding(local.clamp(0, vs - 1), table).masked_fill(outside[:, None], 0.0)
+    return {"Y": _every(total, world)}

@@ -86,6 +86,13 @@ CORPUS = {
     "relu_squared": Case({"N": 1500}),
     "allgather_nvshmem": Case(lambda w: {"M": 7 * w, "N": 33}),
     "dequant_linear": Case({"M": 20, "K": 24, "N": 40}),
+    # the second set (issue 24), written from the README, the grammar and LANGUAGE.md alone
+    "swiglu_bias": Case({"T": 37, "D": 24, "F": 72}),
+    "gqa_attention": Case({"S": 37, "H": 4, "HKV": 2, "D": 16}),
+    "rotary_qk": Case({"T": 11, "H": 4, "HKV": 2, "D": 32}),
+    "vocab_target_logit": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_cross_entropy": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_embedding": Case(lambda w: {"T": 6, "V": 5 * w, "D": 40}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
