@@ -331,3 +331,67 @@ def vocab_embedding(inputs, world, sizes):
         outside = (local < 0) | (local >= vs)
         total = total + F.embedding(local.clamp(0, vs - 1), table).masked_fill(outside[:, None], 0.0)
     return {"Y": _every(total, world)}
+
+
+def rs_rmsnorm(inputs, world, sizes):
+    mine = _rows(sum(inputs["X"]), world)            # reduce-scatter along the sequence
+    hidden = [x + r for x, r in zip(mine, inputs["R"])]
+    return {"H": hidden, "Y": [F.rms_norm(h, (h.shape[-1],), w, eps=1e-6) for h, w in zip(hidden, inputs["W"])]}
+
+
+def scatter_root(inputs, world, sizes):
+    return {"Y": _rows(inputs["X"][0], world)}
+
+
+def chain_reduce(inputs, world, sizes):
+    return {"Y": [sum(inputs["X"])] + [None] * (world - 1)}
+
+
+def ring_shift(inputs, world, sizes):
+    return {"Y": [inputs["X"][(r - 1) % world].clone() for r in range(world)]}
+
+
+def causal_conv_halo(inputs, world, sizes):
+    """Mamba's causal depthwise conv1d (padding d_conv - 1, the first tokens kept) over the whole sequence,
+    then split back by rank."""
+    x = torch.cat(inputs["X"])                        # [T, C]
+    per_rank = []                                     # each rank with its own weights, as passed
+    for r in range(world):
+        w, b = inputs["W"][r], inputs["b"][r]
+        y = F.conv1d(x.T[None], w.T[:, None, :], b, padding=3, groups=x.shape[1])[0, :, :x.shape[0]].T
+        per_rank.append(_rows(y, world)[r])
+    return {"Y": per_rank}
+
+
+def layernorm_stats(inputs, world, sizes):
+    ys, means, rstds = [], [], []
+    for x, g, b in zip(inputs["X"], inputs["gamma"], inputs["beta"]):
+        var, mean = torch.var_mean(x, dim=-1, unbiased=False)
+        ys.append(F.layer_norm(x, (x.shape[-1],), g, b, eps=1e-5))
+        means.append(mean)
+        rstds.append(torch.rsqrt(var + 1e-5))
+    return {"Y": ys, "Mean": means, "Rstd": rstds}
+
+
+def linear_kloop_bias(inputs, world, sizes):
+    return {"Y": [F.linear(x, w.T, b) + r for x, w, b, r in zip(inputs["X"], inputs["W"], inputs["b"], inputs["R"])]}
+
+
+def sgd_nesterov_allreduce(inputs, world, sizes):
+    """torch.optim.SGD's step on the mean gradient, each rank's own parameters and momentum buffer."""
+    g = sum(inputs["G"]) / world
+    ps, bufs = [], []
+    for p, buf in zip(inputs["P"], inputs["Buf"]):
+        param = p.clone().requires_grad_(True)
+        opt = torch.optim.SGD([param], lr=0.01, momentum=0.9, weight_decay=1e-4, nesterov=True)
+        opt.state[param] = {"momentum_buffer": buf.clone()}
+        param.grad = g.clone()
+        opt.step()
+        ps.append(param.detach())
+        bufs.append(opt.state[param]["momentum_buffer"])
+    return {"P": ps, "Buf": bufs}
+
+
+def router_top1(inputs, world, sizes):
+    probs = [torch.softmax(x @ w, dim=-1) for x, w in zip(inputs["X"], inputs["Wr"])]
+    return {"P": probs, "Gate": [p.max(dim=-1, keepdim=True).values for p in probs]}

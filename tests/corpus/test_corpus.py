@@ -93,6 +93,15 @@ CORPUS = {
     "vocab_target_logit": Case(lambda w: {"T": 7, "V": 25 * w}),
     "vocab_cross_entropy": Case(lambda w: {"T": 7, "V": 25 * w}),
     "vocab_embedding": Case(lambda w: {"T": 6, "V": 5 * w, "D": 40}),
+    "rs_rmsnorm": Case(lambda w: {"T": 4 * w, "D": 48}),
+    "scatter_root": Case(lambda w: {"M": 7 * w, "N": 33}),
+    "chain_reduce": Case({"N": 1001}),
+    "ring_shift": Case({"B": 2, "S": 5, "D": 24}),
+    "causal_conv_halo": Case(lambda w: {"T": 13 * w, "C": 40}),
+    "layernorm_stats": Case({"T": 7, "D": 80}),
+    "linear_kloop_bias": Case({"M": 20, "K": 40, "N": 40}),   # K: three blocks of 16, the last ragged
+    "sgd_nesterov_allreduce": Case({"N": 1000}),
+    "router_top1": Case({"T": 20, "D": 24, "E": 8}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
