@@ -395,3 +395,64 @@ def sgd_nesterov_allreduce(inputs, world, sizes):
 def router_top1(inputs, world, sizes):
     probs = [torch.softmax(x @ w, dim=-1) for x, w in zip(inputs["X"], inputs["Wr"])]
     return {"P": probs, "Gate": [p.max(dim=-1, keepdim=True).values for p in probs]}
+
+
+def sliding_window_attention(inputs, world, sizes):
+    window = 20
+    outs, lses = [], []
+    for q, k, v in zip(inputs["Q"], inputs["K"], inputs["V"]):
+        s = len(q)
+        pos = torch.arange(s)
+        visible = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
+        scores = (q @ k.T / q.shape[-1] ** 0.5).masked_fill(~visible, float("-inf"))
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=visible))
+        lses.append(torch.logsumexp(scores, dim=-1, keepdim=True))
+    return {"O": outs, "Lse": lses}
+
+
+def alibi_attention(inputs, world, sizes):
+    outs = []
+    for q, k, v, slope in zip(inputs["Q"], inputs["K"], inputs["V"], inputs["slope"]):
+        s = q.shape[1]
+        pos = torch.arange(s, dtype=q.dtype)
+        bias = slope[:, None, None] * (pos[None, None, :] - pos[None, :, None])     # [H, S, S]
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~causal, float("-inf"))))
+    return {"O": outs}
+
+
+def masked_mean_pool(inputs, world, sizes):
+    outs = []
+    for lens, x in zip(inputs["lens"], inputs["X"]):
+        mask = (torch.arange(x.shape[1])[None, :] < lens.long()[:, None]).to(x.dtype)   # [B, S]
+        summed = (x * mask[:, :, None]).sum(dim=1)
+        outs.append(summed / mask.sum(dim=1, keepdim=True).clamp(min=1))
+    return {"Y": outs}
+
+
+def kv_cache_append(inputs, world, sizes):
+    keys, values = [], []
+    for pos, kn, vn, kc, vc in zip(inputs["pos"], inputs["Kn"], inputs["Vn"], inputs["Kc"], inputs["Vc"]):
+        batch = torch.arange(len(pos))
+        kc, vc = kc.clone(), vc.clone()
+        kc[batch, pos.long()] = kn                     # index_put_, as a static cache's update
+        vc[batch, pos.long()] = vn
+        keys.append(kc)
+        values.append(vc)
+    return {"Kc": keys, "Vc": values}
+
+
+def main_grad_accum(inputs, world, sizes):
+    mean = sum(g.float().double() for g in inputs["G"]) / world
+    return {"MainGrad": [m + mean for m in inputs["MainGrad"]]}
+
+
+def qkv_split_heads(inputs, world, sizes):
+    h, hkv, d = sizes["H"], sizes["HKV"], sizes["D"]
+    q, k, v = [], [], []
+    for qkv in inputs["QKV"]:
+        a, b, c = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+        q.append(a.view(-1, h, d))
+        k.append(b.view(-1, hkv, d))
+        v.append(c.view(-1, hkv, d))
+    return {"Q": q, "K": k, "V": v}

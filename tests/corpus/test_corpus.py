@@ -102,6 +102,12 @@ CORPUS = {
     "linear_kloop_bias": Case({"M": 20, "K": 40, "N": 40}),   # K: three blocks of 16, the last ragged
     "sgd_nesterov_allreduce": Case({"N": 1000}),
     "router_top1": Case({"T": 20, "D": 24, "E": 8}),
+    "sliding_window_attention": Case({"S": 45, "D": 16}),   # window 20: from block 2 on, blocks outside it
+    "alibi_attention": Case({"H": 3, "S": 37, "D": 16}),
+    "masked_mean_pool": Case({"B": 5, "S": 9, "D": 24}),
+    "kv_cache_append": Case({"B": 3, "C": 7, "HKV": 2, "D": 16}),
+    "main_grad_accum": Case({"M": 13, "N": 100}),
+    "qkv_split_heads": Case({"T": 11, "H": 4, "HKV": 2, "D": 16}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
