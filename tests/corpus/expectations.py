@@ -456,3 +456,11 @@ def qkv_split_heads(inputs, world, sizes):
         k.append(b.view(-1, hkv, d))
         v.append(c.view(-1, hkv, d))
     return {"Q": q, "K": k, "V": v}
+
+
+def ring_allreduce(inputs, world, sizes):
+    return {"Y": _every(sum(inputs["X"]), world)}
+
+
+def tree_broadcast(inputs, world, sizes):
+    return {"W": _every(inputs["W"][0], world)}

@@ -108,6 +108,8 @@ CORPUS = {
     "kv_cache_append": Case({"B": 3, "C": 7, "HKV": 2, "D": 16}),
     "main_grad_accum": Case({"M": 13, "N": 100}),
     "qkv_split_heads": Case({"T": 11, "H": 4, "HKV": 2, "D": 16}),
+    "ring_allreduce": Case(lambda w: {"M": 16 * w, "N": 70}),
+    "tree_broadcast": Case({"N": 1001}),      # depth 1 at worlds 2 and 3; by hand at world 5, depth 2
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
