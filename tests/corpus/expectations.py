@@ -468,3 +468,15 @@ def tree_broadcast(inputs, world, sizes):
 
 def int8_weight_linear(inputs, world, sizes):
     return {"Y": [x @ (w * s) for x, w, s in zip(inputs["X"], inputs["W"], inputs["scale"])]}
+
+
+def allreduce_push_add(inputs, world, sizes):
+    return {"Y": _every(sum(inputs["X"]), world)}
+
+
+def lm_head_softcap(inputs, world, sizes):
+    return {"L": [c * torch.tanh((x @ w) / c) for x, w, c in zip(inputs["X"], inputs["W"], inputs["cap"])]}
+
+
+def allgather_sms_split(inputs, world, sizes):
+    return {"Y": _every(torch.cat(inputs["X"]), world)}

@@ -111,6 +111,9 @@ CORPUS = {
     "ring_allreduce": Case(lambda w: {"M": 16 * w, "N": 70}),
     "tree_broadcast": Case({"N": 1001}),      # depth 1 at worlds 2 and 3; by hand at world 5, depth 2
     "int8_weight_linear": Case({"M": 20, "K": 32, "N": 40}),
+    "allreduce_push_add": Case({"N": 1001}),
+    "lm_head_softcap": Case({"T": 20, "D": 24, "V": 72}),
+    "allgather_sms_split": Case(lambda w: {"M": 7 * w, "N": 33}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
