@@ -480,3 +480,20 @@ def lm_head_softcap(inputs, world, sizes):
 
 def allgather_sms_split(inputs, world, sizes):
     return {"Y": _every(torch.cat(inputs["X"]), world)}
+
+
+def linear_wgrad_allreduce(inputs, world, sizes):
+    """autograd's weight gradient of y = x @ w on each rank, summed as DDP's all-reduce does."""
+    total = 0
+    for x, dy in zip(inputs["X"], inputs["dY"]):
+        w = torch.zeros(x.shape[1], dy.shape[1], dtype=x.dtype, requires_grad=True)
+        (x @ w).backward(dy)
+        total = total + w.grad
+    return {"dW": _every(total, world)}
+
+
+def fp8_amax_quant(inputs, world, sizes):
+    amax = torch.cat(inputs["X"], dim=-1).abs().amax(dim=-1, keepdim=True)
+    scale = 448.0 / amax
+    return {"Q": [(x * scale).to(torch.float8_e4m3fn).double() for x in inputs["X"]],
+            "Sinv": _every(1.0 / scale, world)}

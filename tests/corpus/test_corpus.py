@@ -114,6 +114,8 @@ CORPUS = {
     "allreduce_push_add": Case({"N": 1001}),
     "lm_head_softcap": Case({"T": 20, "D": 24, "V": 72}),
     "allgather_sms_split": Case(lambda w: {"M": 7 * w, "N": 33}),
+    "linear_wgrad_allreduce": Case({"T": 37, "K": 24, "N": 40}),
+    "fp8_amax_quant": Case(lambda w: {"T": 7, "D": 24 * w}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
