@@ -156,6 +156,13 @@ REFUSED = {
     # a loop step that waits for piece c and reads piece c + 1
     "loop_waits_wrong_piece": (18, 37, ["race", "tile 'score' reads Kall while chunk 'gather' may still write it",
                                         "score[0]@rank0 at step 0 and gather[1]@rank0"]),
+    # a family named `out`: its edge reads as a tensor declaration (line 18); the error belongs at the name
+    "family_named_out": (16, 6, ["'out'"]),
+}
+# Refusals that a compiler bug puts elsewhere or words wrongly: xfail(strict=True) with the bug.
+REFUSED_BUGS = {
+    "family_named_out": "a family may be named `out` (or `in`, `symm`, ...) at its declaration, but an edge to it "
+                        "is then parsed as a tensor declaration: 'expected the tensor's dtype before its shape'",
 }
 
 # What a refusal's hint must say and must not (followed, the hint should lead to an accepted program):
@@ -221,7 +228,11 @@ def test_program_means_what_its_author_meant(corpus, name, world):
     assert found and all(verdict.ok for verdict in found), "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
+REFUSED_CASES = [pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=REFUSED_BUGS[name])]
+                             if name in REFUSED_BUGS else []) for name in sorted(REFUSED)]
+
+
+@pytest.mark.parametrize("name", REFUSED_CASES)
 def test_program_is_refused_with_a_positioned_error(name):
     from tiledsl import pipeline
     from tiledsl.diagnostics import TdsError
@@ -260,4 +271,4 @@ def test_every_corpus_program_has_a_case_and_an_expectation():
     assert programs == set(CORPUS)
     assert all(callable(getattr(module, name, None)) for name in programs)
     assert {p.stem for p in (HERE / "refused").glob("*.tds")} == set(REFUSED)
-    assert set(HINTS) <= set(REFUSED)
+    assert set(HINTS) <= set(REFUSED) and set(REFUSED_BUGS) <= set(REFUSED)
