@@ -116,6 +116,7 @@ CORPUS = {
     "allgather_sms_split": Case(lambda w: {"M": 7 * w, "N": 33}),
     "linear_wgrad_allreduce": Case({"T": 37, "K": 24, "N": 40}),
     "fp8_amax_quant": Case(lambda w: {"T": 7, "D": 24 * w}),
+    "attention_peer_kv": Case(lambda w: {"T": 20, "S": 12 * w, "D": 16}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
