@@ -86,6 +86,37 @@ CORPUS = {
     "relu_squared": Case({"N": 1500}),
     "allgather_nvshmem": Case(lambda w: {"M": 7 * w, "N": 33}),
     "dequant_linear": Case({"M": 20, "K": 24, "N": 40}),
+    # the second set (issue 24), written from the README, the grammar and LANGUAGE.md alone
+    "swiglu_bias": Case({"T": 37, "D": 24, "F": 72}),
+    "gqa_attention": Case({"S": 37, "H": 4, "HKV": 2, "D": 16}),
+    "rotary_qk": Case({"T": 11, "H": 4, "HKV": 2, "D": 32}),
+    "vocab_target_logit": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_cross_entropy": Case(lambda w: {"T": 7, "V": 25 * w}),
+    "vocab_embedding": Case(lambda w: {"T": 6, "V": 5 * w, "D": 40}),
+    "rs_rmsnorm": Case(lambda w: {"T": 4 * w, "D": 48}),
+    "scatter_root": Case(lambda w: {"M": 7 * w, "N": 33}),
+    "chain_reduce": Case({"N": 1001}),
+    "ring_shift": Case({"B": 2, "S": 5, "D": 24}),
+    "causal_conv_halo": Case(lambda w: {"T": 13 * w, "C": 40}),
+    "layernorm_stats": Case({"T": 7, "D": 80}),
+    "linear_kloop_bias": Case({"M": 20, "K": 40, "N": 40}),   # K: three blocks of 16, the last ragged
+    "sgd_nesterov_allreduce": Case({"N": 1000}),
+    "router_top1": Case({"T": 20, "D": 24, "E": 8}),
+    "sliding_window_attention": Case({"S": 45, "D": 16}),   # window 20: from block 2 on, blocks outside it
+    "alibi_attention": Case({"H": 3, "S": 37, "D": 16}),
+    "masked_mean_pool": Case({"B": 5, "S": 9, "D": 24}),
+    "kv_cache_append": Case({"B": 3, "C": 7, "HKV": 2, "D": 16}),
+    "main_grad_accum": Case({"M": 13, "N": 100}),
+    "qkv_split_heads": Case({"T": 11, "H": 4, "HKV": 2, "D": 16}),
+    "ring_allreduce": Case(lambda w: {"M": 16 * w, "N": 70}),
+    "tree_broadcast": Case({"N": 1001}),      # depth 1 at worlds 2 and 3; by hand at world 5, depth 2
+    "int8_weight_linear": Case({"M": 20, "K": 32, "N": 40}),
+    "allreduce_push_add": Case({"N": 1001}),
+    "lm_head_softcap": Case({"T": 20, "D": 24, "V": 72}),
+    "allgather_sms_split": Case(lambda w: {"M": 7 * w, "N": 33}),
+    "linear_wgrad_allreduce": Case({"T": 37, "K": 24, "N": 40}),
+    "fp8_amax_quant": Case(lambda w: {"T": 7, "D": 24 * w}),
+    "attention_peer_kv": Case(lambda w: {"T": 20, "S": 12 * w, "D": 16}),
 }
 
 # Programs the checker must refuse: (line, column, words of the message).
@@ -99,6 +130,49 @@ REFUSED = {
     # the LM head's copy engine pulling a peer's logits with no edge to the tiles that write them
     "lm_head_race": (13, 42, ["race", "chunk 'gather' reads Lg", "tile 'mm'",
                               "add an edge: gather[s] after mm[*, *] @ s"]),
+    # the second set (issue 24)
+    # the pipeline shift without `mod world`: the last rank reads a rank that does not exist
+    "shift_out_of_range": (9, 55, ["no such rank", "take[0] on rank 1 reads 'X'@2", "ranks are 0..1"]),
+    # nn.Linear's [N, K] weight multiplied as [K, N]
+    "linear_weight_transposed": (10, 74, ["inner dimensions of '@' differ", "[BM, K] @ [N, BN]", "K must equal N"]),
+    # rotary halves [BT, D/2] times a cos table of the whole head, [BT, D]
+    "rotary_full_cos": (15, 28, ["shapes [BT, D/2] and [BT, D] do not match"]),
+    # a scan whose chain edge points forward: row i waits on row i + 1, which runs after it
+    "scan_backwards": (14, 15, ["deadlock", "scan[0] on rank 0 waits for scan[1] on rank 0",
+                                "comes after it in the order of 'scan'"]),
+    # two families writing row 0 of Y with no edge between them
+    "fixup_write_race": (10, 11, ["race", "tile 'bos' writes Y while tile 'scale' may still write it",
+                                  "add an edge: bos after scale[0]"]),
+    # one staging buffer reused for a second exchange before the next rank has read the first
+    "staging_reuse_race": (15, 34, ["race", "tile 'put_b' writes S while tile 'get_a' may still read it",
+                                    "add an edge: put_b[i] after get_a[i] @ ((rank + 1) mod world)"]),
+    # a halo of 4 rows whose last row is past this rank's tokens (`a : b` is not clipped)
+    "halo_off_by_one": (11, 79, ["out of bounds", "dimension 0 of 'X' has size 32", "up to 33"]),
+    # a wait on the NVSHMEM put that lands on another rank: it never signals this one
+    "nvshmem_wait_wrong_put": (12, 15, ["deadlock", "take[1] on rank 0 waits for put[1] on rank 1",
+                                        "signals only the rank it writes to"]),
+    # a reduce to the root that waits on rank 0's partials only and reads every rank's
+    "root_waits_on_itself": (11, 71, ["race", "tile 'red' reads Part while tile 'part' may still write it",
+                                      "@ every rank"]),
+    # a loop step that waits for piece c and reads piece c + 1
+    "loop_waits_wrong_piece": (18, 37, ["race", "tile 'score' reads Kall while chunk 'gather' may still write it",
+                                        "score[0]@rank0 at step 0 and gather[1]@rank0"]),
+    # a family named `out`: its edge reads as a tensor declaration (line 18); the error belongs at the name
+    "family_named_out": (16, 6, ["'out'"]),
+}
+# Refusals that a compiler bug puts elsewhere or words wrongly: xfail(strict=True) with the bug.
+REFUSED_BUGS = {
+    "family_named_out": "a family may be named `out` (or `in`, `symm`, ...) at its declaration, but an edge to it "
+                        "is then parsed as a tensor declaration: 'expected the tensor's dtype before its shape'",
+}
+
+# What a refusal's hint must say and must not (followed, the hint should lead to an accepted program):
+# (words it must hold, words it must not, the bug while it does not).
+HINTS = {
+    # X@(rank + 1) is past the top rank: the guard that helps is `if rank < world - 1`; the hint says
+    # `if rank > 0`, and following it gives the same refusal
+    "shift_out_of_range": (["rank < world - 1"], ["`if rank > 0`"],
+                           "the no-such-rank hint always proposes `if rank > 0`, also for a peer past the last rank"),
 }
 
 
@@ -155,7 +229,11 @@ def test_program_means_what_its_author_meant(corpus, name, world):
     assert found and all(verdict.ok for verdict in found), "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
+REFUSED_CASES = [pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=REFUSED_BUGS[name])]
+                             if name in REFUSED_BUGS else []) for name in sorted(REFUSED)]
+
+
+@pytest.mark.parametrize("name", REFUSED_CASES)
 def test_program_is_refused_with_a_positioned_error(name):
     from tiledsl import pipeline
     from tiledsl.diagnostics import TdsError
@@ -169,6 +247,22 @@ def test_program_is_refused_with_a_positioned_error(name):
         assert word in text, text
 
 
+HINT_CASES = [pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
+              for name, (_, _, bug) in sorted(HINTS.items())]
+
+
+@pytest.mark.parametrize("name", HINT_CASES)
+def test_refusal_hint_names_a_fix_that_fits(name):
+    from tiledsl import pipeline
+    from tiledsl.diagnostics import TdsError
+    wanted, unwanted, _ = HINTS[name]
+    with pytest.raises(TdsError) as refused:
+        pipeline.run(HERE / "refused" / f"{name}.tds", until="check")
+    text = refused.value.render()
+    hints = "\n".join(line for line in text.splitlines() if line.strip().startswith("hint:"))
+    assert all(word in hints for word in wanted) and not any(word in hints for word in unwanted), hints
+
+
 def test_every_corpus_program_has_a_case_and_an_expectation():
     import importlib.util
     spec = importlib.util.spec_from_file_location("corpus_expectations", EXPECTATIONS)
@@ -178,3 +272,4 @@ def test_every_corpus_program_has_a_case_and_an_expectation():
     assert programs == set(CORPUS)
     assert all(callable(getattr(module, name, None)) for name in programs)
     assert {p.stem for p in (HERE / "refused").glob("*.tds")} == set(REFUSED)
+    assert set(HINTS) <= set(REFUSED) and set(REFUSED_BUGS) <= set(REFUSED)
