@@ -227,6 +227,25 @@ def test_build_to_stdout_with_a_const(capsys):
     assert "512" in out
 
 
+CONSTS = ("program consts\nparam N\nconst B = 4, S = 2\nrequire B % S == 0\nin X : f32[N]\nout Y : f32[N]\n"
+          "in Z : f32[2, 8]\nout T : f32[2, 8]\ntile t[i in N/B]: Y[i*B : +B] = X[i*B : +B]\n"
+          "tile u[i in 2]: T[i, 0 : B] = Z[i, 0 : +B]\n")
+
+
+@pytest.mark.parametrize("define, line, message", [
+    ("S=3", 4, "error: B % S == 0 is required, and it is not (B = 4, S = 3)"),
+    ("B=0", 3, "error: B = 0 is set at build time, but a const must be a positive integer"),
+    ("B=16", 10, "error: out of bounds: dimension 1 of 'T' has size 8"),
+])
+def test_build_checks_the_program_at_the_consts_it_builds_with(capsys, tmp_path, define, line, message):
+    path = tmp_path / "consts.tds"
+    path.write_text(CONSTS)
+    assert run_cli(capsys, "build", str(path), "-o", "-")[0] == 0  # at the program's own consts
+    code, out, err = run_cli(capsys, "build", str(path), "-o", "-", "-D", define)
+    assert code == 1 and out == ""
+    assert err.startswith(f"{path}:{line}:") and message in err
+
+
 @needs_codegen
 def test_build_to_an_unwritable_place_is_an_error_not_a_bug(capsys, tmp_path):
     out = tmp_path / "no" / "such" / "dir" / "x.py"

@@ -170,8 +170,9 @@ def left_as_passed(world: int, written: set[int]) -> str:
     return f"; left as passed on rank{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
 
 
-def program_schedule(source: str):
-    return pipeline.run(source, until="check").schedule
+def program_schedule(source: str, consts: dict | None = None):
+    """The checked schedule, at the consts the run builds with."""
+    return pipeline.run(source, until="check", consts=consts).schedule
 
 
 def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
@@ -224,8 +225,8 @@ class EmulatedRun:
     def prepare(cls, source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
                 consts: dict | None = None, timeout_s: float = 20.0, nodes: int | None = None,
                 expect=None) -> "EmulatedRun":
-        schedule = program_schedule(source)
         consts = consts or {}
+        schedule = program_schedule(source, consts)
         nodes = nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1)
         sizes = launch_sizes(schedule, world, sizes or {}, consts, nodes)
         inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, consts, nodes)
