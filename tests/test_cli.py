@@ -398,3 +398,23 @@ def test_run_expect_reports_a_bad_expectation_in_one_line_before_any_rank_runs(c
 def test_run_help_documents_the_expect_interface(capsys):
     code, out, _ = run_cli(capsys, "run", "--help")
     assert code == 0 and "--expect EXPECT.py" in out and "def expect(inputs, world, sizes):" in out
+
+
+@pytest.mark.parametrize("source, world, line, column, message", [
+    # checked at worlds 2-4, each right only there: a peer that is rank -1 at world 1, a row 4 of 4 at world 5
+    ("program p\nparam N\nin X : f32[N]\nout Y : f32[N]\ntile cp[i in N/4]: Y[i*4 : +4] = X@(world - 2)[i*4 : +4]\n",
+     1, 5, 34, "error: no such rank: cp[0] on rank 0 reads 'X'@-1, but ranks are 0..0 (at N=8, world=1)"),
+    ("program p\nparam N\nin X : f32[N]\nout Y : f32[N]\nsymm S : f32[4, N]\n"
+     "chunk push[s in world] on sms(1): X -> S@s[rank, :]\n"
+     "tile add[i in N/4]: Y[i*4 : +4] = sum(S[s, i*4 : +4] for s in world)\nadd[i] after push[*] @ every rank\n",
+     5, 7, 41, "error: out of bounds: dimension 0 of 'S' has size 4, but add[0] on rank 0 reads it from 4 (at N=20, "
+               "world=5)"),
+])
+def test_run_proves_the_program_at_its_own_world_before_any_rank_starts(capsys, tmp_path, source, world, line,
+                                                                        column, message):
+    path = tmp_path / "p.tds"
+    path.write_text(source)
+    assert run_cli(capsys, "check", str(path))[0] == 0
+    code, out, err = run_cli(capsys, "run", str(path), "--emulate", "--world", str(world))
+    assert code == 1 and out == ""
+    assert err.startswith(f"{path}:{line}:{column}: {message}\n")

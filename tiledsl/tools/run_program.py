@@ -17,6 +17,7 @@ from tiledsl.codegen.tma import row_conditions
 from tiledsl.diagnostics import TdsError, error
 from tiledsl.runtime import emulate
 from tiledsl.schedule import ir
+from tiledsl.schedule.check import check_at
 from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols, size_values
 from tiledsl.tables import DTYPES
 from tiledsl.tools.expect import expected_outputs
@@ -403,6 +404,10 @@ def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1
               for c, ok in zip(conditions, holds) if not ok}
     if broken:
         raise TdsError(list(broken.values()), program.path, program.source)
+    # the checker proved a few worlds at small sizes: this run's world and sizes are proved too
+    wrong = check_at(schedule, world, {**sizes, **consts}, nodes)
+    if wrong:
+        raise TdsError(wrong, program.path, program.source)
     return sizes
 
 
