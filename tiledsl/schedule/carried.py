@@ -12,7 +12,7 @@ import numpy
 from tiledsl.diagnostics import Note, warning
 from tiledsl.schedule import ir
 from tiledsl.schedule.meaning import Concrete
-from tiledsl.schedule.wording import family_text, sizes_text
+from tiledsl.schedule.wording import at, family_text, sizes_text
 
 KEPT = (ir.Role.SYMM, ir.Role.LOCAL)  # the roles whose values outlive a call
 
@@ -67,3 +67,37 @@ def _overlap(a, b) -> bool:
 
 def _box(access) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in zip(access.lo, access.hi))
+
+
+def stale_reads(concrete: Concrete, before: list[int]):
+    """A read of a kept tensor's elements that the call writes only after it (an edge orders the writer
+    after the reader): it reads what the last call left, and the call's own values go unread until the
+    next call. Legal (a value carried on purpose), rarely meant: a warning. `before`: races.ancestors."""
+    schedule = concrete.schedule
+    by_copy: dict[tuple[str, int], list] = defaultdict(list)
+    for access in concrete.accesses:
+        if not access.empty and schedule.tensors[access.region.tensor].role in KEPT:
+            by_copy[access.region.tensor, access.copy].append(access)
+    for (tensor, _), accesses in by_copy.items():
+        writes = [a for a in accesses if a.write]
+        for read in (a for a in accesses if not a.write):
+            node = concrete.node_of(read)
+            overlapping = [w for w in writes if _overlap(read, w)]
+            if any(w.instance == read.instance for w in overlapping):
+                continue  # an accumulation, or a tile reading what it overwrites: `findings` above
+            if not overlapping or any((before[node] >> concrete.node_of(w)) & 1 for w in overlapping):
+                continue  # nothing writes it, or a write comes first: this call's value
+            later = next((w for w in overlapping if (before[concrete.node_of(w)] >> node) & 1), None)
+            if later is None:
+                continue  # unordered: a race, refused on its own
+            reader, writer = concrete.instances[read.instance], concrete.instances[later.instance]
+            role = schedule.tensors[tensor].role.value
+            yield ("stale", tensor), warning(
+                f"{family_text(schedule, reader.family)} reads '{tensor}' before the call writes it: "
+                f"{at(reader)} comes before {at(writer)}, so it reads what the last call left "
+                f"(at {sizes_text(concrete)})", read.region.span,
+                notes=[Note(f"'{writer.family}' writes '{tensor}' here, after the read", later.region.span),
+                       Note(f"'{tensor}' is `{role}`: its values outlive a call", schedule.tensors[tensor].span)],
+                hint=f"to read this call's values, make '{reader.family}' wait on '{writer.family}' "
+                     f"(`{reader.family}[...] after {writer.family}[...]`)")
+            break

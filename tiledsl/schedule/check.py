@@ -103,7 +103,9 @@ def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
         if not self_waits:
             yield from races.cycle(concrete, successors, via, set(range(len(successors))) - set(order))
         return
-    yield from races.find_races(concrete, races.ancestors(concrete, successors, order))
+    before = races.ancestors(concrete, successors, order)
+    yield from races.find_races(concrete, before)
+    yield from carried.stale_reads(concrete, before)
     if concrete.sequence is None:
         return  # families that wait on each other: no serial order (reported once, by check())
     if order_warnings:
