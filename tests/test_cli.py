@@ -418,3 +418,12 @@ def test_run_proves_the_program_at_its_own_world_before_any_rank_starts(capsys, 
     code, out, err = run_cli(capsys, "run", str(path), "--emulate", "--world", str(world))
     assert code == 1 and out == ""
     assert err.startswith(f"{path}:{line}:{column}: {message}\n")
+
+
+def test_run_at_a_world_where_the_sizes_divide_by_zero_is_an_error_naming_the_world(capsys, tmp_path):
+    path = tmp_path / "p.tds"
+    path.write_text("program p\nparam N\nlet P = N / (world - 1)\nin X : f32[N]\nout Y : f32[N]\n"
+                    "tile cp[i in P]: Y[i : +1] = X[i : +1]\n")
+    code, out, err = run_cli(capsys, "run", str(path), "--emulate", "--world", "1")
+    assert code == 1 and out == ""
+    assert err.startswith(f"{path}:1:9: error: the program's sizes divide by zero at world 1\n")

@@ -389,6 +389,16 @@ def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1
                               f"{', '.join(schedule.params) or 'none'}", program.name.span)],
                        program.path, program.source)
     try:
+        return _checked_sizes(schedule, world, given, consts, nodes)
+    except ArithmeticError:  # `N / (world - 1)` at world 1, say: the checker's worlds did not have it
+        raise TdsError([error(f"the program's sizes divide by zero at world {world}", program.name.span,
+                              hint="a size that divides by an expression of world is 0 or undefined at some worlds")],
+                       program.path, program.source) from None
+
+
+def _checked_sizes(schedule, world: int, given: dict, consts: dict, nodes: int) -> dict:
+    program = schedule.program
+    try:
         sizes = {**default_sizes(schedule, world, nodes=nodes), **given}
     except ValueError as why:
         if set(given) != set(schedule.params):
