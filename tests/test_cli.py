@@ -427,3 +427,9 @@ def test_run_at_a_world_where_the_sizes_divide_by_zero_is_an_error_naming_the_wo
     code, out, err = run_cli(capsys, "run", str(path), "--emulate", "--world", "1")
     assert code == 1 and out == ""
     assert err.startswith(f"{path}:1:9: error: the program's sizes divide by zero at world 1\n")
+
+
+def test_predict_takes_its_consts_through_the_same_checks_as_build(capsys):
+    code, out, err = run_cli(capsys, "predict", COPY, "-D", "BLOCK=0")
+    assert code == 1 and out == ""
+    assert "error: BLOCK = 0 is set at build time, but a const must be a positive integer" in err.splitlines()[0]
