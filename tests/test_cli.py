@@ -227,6 +227,25 @@ def test_build_to_stdout_with_a_const(capsys):
     assert "512" in out
 
 
+CONSTS = ("program consts\nparam N\nconst B = 4, S = 2\nrequire B % S == 0\nin X : f32[N]\nout Y : f32[N]\n"
+          "in Z : f32[2, 8]\nout T : f32[2, 8]\ntile t[i in N/B]: Y[i*B : +B] = X[i*B : +B]\n"
+          "tile u[i in 2]: T[i, 0 : B] = Z[i, 0 : +B]\n")
+
+
+@pytest.mark.parametrize("define, line, message", [
+    ("S=3", 4, "error: B % S == 0 is required, and it is not (B = 4, S = 3)"),
+    ("B=0", 3, "error: B = 0 is set at build time, but a const must be a positive integer"),
+    ("B=16", 10, "error: out of bounds: dimension 1 of 'T' has size 8"),
+])
+def test_build_checks_the_program_at_the_consts_it_builds_with(capsys, tmp_path, define, line, message):
+    path = tmp_path / "consts.tds"
+    path.write_text(CONSTS)
+    assert run_cli(capsys, "build", str(path), "-o", "-")[0] == 0  # at the program's own consts
+    code, out, err = run_cli(capsys, "build", str(path), "-o", "-", "-D", define)
+    assert code == 1 and out == ""
+    assert err.startswith(f"{path}:{line}:") and message in err
+
+
 @needs_codegen
 def test_build_to_an_unwritable_place_is_an_error_not_a_bug(capsys, tmp_path):
     out = tmp_path / "no" / "such" / "dir" / "x.py"
@@ -379,3 +398,38 @@ def test_run_expect_reports_a_bad_expectation_in_one_line_before_any_rank_runs(c
 def test_run_help_documents_the_expect_interface(capsys):
     code, out, _ = run_cli(capsys, "run", "--help")
     assert code == 0 and "--expect EXPECT.py" in out and "def expect(inputs, world, sizes):" in out
+
+
+@pytest.mark.parametrize("source, world, line, column, message", [
+    # checked at worlds 2-4, each right only there: a peer that is rank -1 at world 1, a row 4 of 4 at world 5
+    ("program p\nparam N\nin X : f32[N]\nout Y : f32[N]\ntile cp[i in N/4]: Y[i*4 : +4] = X@(world - 2)[i*4 : +4]\n",
+     1, 5, 34, "error: no such rank: cp[0] on rank 0 reads 'X'@-1, but ranks are 0..0 (at N=8, world=1)"),
+    ("program p\nparam N\nin X : f32[N]\nout Y : f32[N]\nsymm S : f32[4, N]\n"
+     "chunk push[s in world] on sms(1): X -> S@s[rank, :]\n"
+     "tile add[i in N/4]: Y[i*4 : +4] = sum(S[s, i*4 : +4] for s in world)\nadd[i] after push[*] @ every rank\n",
+     5, 7, 41, "error: out of bounds: dimension 0 of 'S' has size 4, but add[0] on rank 0 reads it from 4 (at N=20, "
+               "world=5)"),
+])
+def test_run_proves_the_program_at_its_own_world_before_any_rank_starts(capsys, tmp_path, source, world, line,
+                                                                        column, message):
+    path = tmp_path / "p.tds"
+    path.write_text(source)
+    assert run_cli(capsys, "check", str(path))[0] == 0
+    code, out, err = run_cli(capsys, "run", str(path), "--emulate", "--world", str(world))
+    assert code == 1 and out == ""
+    assert err.startswith(f"{path}:{line}:{column}: {message}\n")
+
+
+def test_run_at_a_world_where_the_sizes_divide_by_zero_is_an_error_naming_the_world(capsys, tmp_path):
+    path = tmp_path / "p.tds"
+    path.write_text("program p\nparam N\nlet P = N / (world - 1)\nin X : f32[N]\nout Y : f32[N]\n"
+                    "tile cp[i in P]: Y[i : +1] = X[i : +1]\n")
+    code, out, err = run_cli(capsys, "run", str(path), "--emulate", "--world", "1")
+    assert code == 1 and out == ""
+    assert err.startswith(f"{path}:1:9: error: the program's sizes divide by zero at world 1\n")
+
+
+def test_predict_takes_its_consts_through_the_same_checks_as_build(capsys):
+    code, out, err = run_cli(capsys, "predict", COPY, "-D", "BLOCK=0")
+    assert code == 1 and out == ""
+    assert "error: BLOCK = 0 is set at build time, but a const must be a positive integer" in err.splitlines()[0]

@@ -174,9 +174,9 @@ def cmd_predict(args) -> int:
             rates = load(args.rates, dict(parse_override(t) for t in args.link))
         except (ValueError, OSError) as why:
             return _usage_error(str(why))
-        schedule = pipeline.run(Path(args.file), until="schedule").schedule
-        nodes = args.nodes or 1
         consts = dict(args.define)
+        schedule = pipeline.run(Path(args.file), until="schedule", consts=consts).schedule
+        nodes = args.nodes or 1
         sizes = launch_sizes(schedule, args.world, dict(_assignment(s) for s in args.size), consts, nodes)
         found = simulate(schedule, args.world, {**sizes, **consts}, rates, nodes)
         print(report.text(found))

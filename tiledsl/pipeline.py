@@ -49,7 +49,10 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
         return done
     # schedule: names resolved, shapes and regions typed, edges as index maps
     from tiledsl.schedule import build_schedule
+    from tiledsl.schedule.build import at_consts
     done.schedule = build_schedule(program)
+    if consts:  # the consts the build sets: what is checked below is what is built
+        done.schedule = at_consts(done.schedule, consts)
     if until == "schedule":
         return done
     # check: races, cycles, orphan waits, bounds; errors stop here, warnings travel on
@@ -58,7 +61,7 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
     errors = [d for d in diagnostics if d.severity == "error"]
     if not errors:  # and what code generation can emit: its one rule, refusals at their lines
         from tiledsl.codegen.emittable import refusals
-        errors = refusals(done.schedule, gpu=gpu)
+        errors = refusals(done.schedule, consts, gpu=gpu)
     done.warnings = [d for d in diagnostics if d.severity != "error"]
     if errors:
         raise TdsError(errors + done.warnings, program.path, program.source)
@@ -69,7 +72,7 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
     from tiledsl.codegen.emittable import plan_of, refusal
     try:
         done.plan = plan_of(done.schedule, consts, gpu)
-    except LoweringError as why:  # consts set at build time (-D) that the defaults the check used did not have
+    except LoweringError as why:  # what the check stage's refusals did not lower (kept as a backstop)
         raise TdsError([refusal(done.schedule, why)], program.path, program.source) from None
     if until == "plan":
         return done

@@ -26,6 +26,10 @@ CASES = {
     "two_ks": ("A[i*BM : +BM, :] @ B[:, j*BN : +BN] - F[i*BM : +BM, :] @ G[:, j*BN : +BN]",
                {"A": (M, K), "B": (K, N), "F": (M, K2), "G": (K2, N)},
                lambda t: t["A"] @ t["B"] - t["F"] @ t["G"]),
+    # one product, an operand transposed (a linear layer's weight, [N, K]; the left one read as K x M):
+    # lowered as a block, with the same K loop
+    "linear": ("A[i*BM : +BM, :] @ W[j*BN : +BN, :].T", {"A": (M, K), "W": (N, K)}, lambda t: t["A"] @ t["W"].T),
+    "left_t": ("T[:, i*BM : +BM].T @ B[:, j*BN : +BN]", {"T": (K, M), "B": (K, N)}, lambda t: t["T"].T @ t["B"]),
 }
 DIMS = {M: "M", K: "K", N: "N", K2: "K2"}
 
@@ -64,6 +68,9 @@ def test_whole_k_products_share_one_k_loop_and_their_common_operand():
     assert code.count("for tds_kstep in range(0, tl.cdiv(K, 64))") == 1, code
     assert code.count("tl.load(A + ") == 1, code   # X of SwiGLU, loaded once a step for both products
     assert code.count("tl.dot(") == 2, code
+    for single in ("linear", "left_t"):  # one product, an operand transposed: the same loop, no whole-K load
+        code = run(source(single), until="module").module
+        assert code.count("for tds_kstep in range(0, tl.cdiv(K, 64))") == 1 and code.count("tl.dot(") == 1, code
     unsplit = run(source("two_ks"), until="module").module
     assert "tds_kstep" not in unsplit            # products over different K are lowered as written
 
@@ -73,4 +80,13 @@ def test_swiglu_at_model_blocks_compiles_for_sm90_within_shared_memory():
     from tiledsl.api import build_module
     from tiledsl.codegen.aot import report
     row = report(build_module(source("swiglu", "bf16", "BM = 128, BN = 128")), "sm_90")
+    assert row.cubin_bytes > 0 and row.shared_bytes <= 227 * 1024, row
+
+
+@pytest.mark.aot
+def test_a_linear_layer_with_its_weight_transposed_compiles_for_sm90_within_shared_memory():
+    """Issue 24, bug 8: `A[i*BM : +BM, :] @ W[j*BN : +BN, :].T` loaded K whole (4 MB of shared memory)."""
+    from tiledsl.api import build_module
+    from tiledsl.codegen.aot import report
+    row = report(build_module(source("linear", "bf16", "BM = 128, BN = 128")), "sm_90")
     assert row.cubin_bytes > 0 and row.shared_bytes <= 227 * 1024, row

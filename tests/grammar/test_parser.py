@@ -360,3 +360,33 @@ def test_every_error_is_rendered_with_location_caret_and_hint():
                         "    parm K\n"
                         "    ^^^^\n"
                         "  hint: did you mean 'param'?")
+
+
+@pytest.mark.parametrize("word", ["local", "tile", "order", "param", "require", "place", "program"])
+def test_a_family_named_like_a_statement_word_can_start_its_edges(word):
+    # tests/corpus/vocab_max.tds names a tile `local`; an edge to it starts with that word, which the
+    # lexer reads as the keyword at a line's start: the edge rule takes it as the consumer's name
+    source = ("program p\nparam N\nin X : f32[N]\nout Y : f32[N]\nsymm S : f32[N]\n"
+              f"tile {word}[i in N/4]: S[i*4 : +4] = X[i*4 : +4]\n"
+              f"tile two[i in N/4]: Y[i*4 : +4] = S[i*4 : +4]\n"
+              f"two[i] after {word}[i]\n{word}[i] after two[i]\norder {word} by i\n")
+    edges = parse(source).of(ast.EdgeDecl)
+    assert [e.consumer.id for e in edges] == ["two", word]
+    assert (edges[1].consumer.span.line, edges[1].consumer.span.column) == (9, 1)
+
+
+def test_an_edge_from_a_python_keyword_names_the_keyword():
+    diagnostic, _ = first_error(HEAD + "in[i] after mm[i]\n")
+    assert at(diagnostic) == (6, 1)
+    assert "'in' is a keyword of the language" in diagnostic.message and "not an edge" in diagnostic.message
+    assert diagnostic.hint == "a family cannot be named 'in': rename it, e.g. 'in_'"
+
+
+def test_an_edge_to_a_family_named_local_orders_its_reads():
+    from tiledsl.pipeline import run
+    source = ("program p\nparam N\nin X : f32[N]\nout Y : f32[N]\nsymm S : f32[N]\n"
+              "tile two[i in N/4]: S[i*4 : +4] = X[i*4 : +4]\n"
+              "tile local[i in N/4]: Y[i*4 : +4] = S[i*4 : +4]\n")
+    with pytest.raises(TdsError, match="race"):
+        run(source, until="check")
+    assert not run(source + "local[i] after two[i]\n", until="check").warnings

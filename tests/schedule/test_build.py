@@ -194,9 +194,12 @@ OWN_SMS = tds("""
 def test_a_program_count_may_be_a_const_and_follows_its_value_when_built():
     assert run(OWN_SMS, until="check").schedule.families["cp"].engine.count({"SMS": 8}) == 8
     assert [f.programs for f in run(OWN_SMS, until="plan", consts={"SMS": 24}).plan.families] == [24, None]
-    # a build's -D value the check's defaults did not have: refused as an error of the program, not a crash
-    with pytest.raises(TdsError, match="'cp' 132 SM programs: each needs at least one, and together at most 131"):
+    # a build's -D value: the checker runs at it, so it is refused at the engine's line, as if written there
+    with pytest.raises(TdsError) as raised:
         run(OWN_SMS, until="plan", consts={"SMS": 132})
+    (error,) = raised.value.diagnostics
+    assert error.message == "the families ask for all 132 SMs of the H200, leaving none for 'dbl' (sms(rest))"
+    assert at(error) == (7, 23)
 
 
 def test_a_const_program_count_that_leaves_no_sm_for_the_rest_is_refused_by_the_checker():

@@ -108,3 +108,32 @@ def test_a_tile_adding_into_a_cleared_or_inout_target_is_not_warned():
     assert carried(cleared) == []
     kept_by_caller = ACCUMULATED.replace("symm  S", "inout S")
     assert carried(kept_by_caller) == []
+
+
+# the edge is the wrong way round: rd reads S before this call's wr writes it, so Y is the last call's X
+READ_FIRST = tds("""
+    program read_first
+    param N
+    in    X : f32[N]
+    out   Y : f32[N]
+    local S : f32[N]
+    tile  rd[i in N/4]: Y[i*4 : +4] = S[i*4 : +4]
+    tile  wr[i in N/4]: S[i*4 : +4] = X[i*4 : +4]
+    wr[i] after rd[i]
+    """)
+
+
+def test_a_read_of_a_local_tensor_ordered_before_its_only_write_is_warned_with_both_lines():
+    (found,) = [w for w in run(READ_FIRST, until="check").warnings if "before the call writes it" in w.message]
+    assert found.message.startswith("tile 'rd' reads 'S' before the call writes it: rd[0] on rank 0 comes before "
+                                    "wr[0] on rank 0, so it reads what the last call left")
+    assert (found.span.line, found.span.column) == (6, 35)
+    assert [(n.span.line, n.span.column) for n in found.notes] == [(7, 21), (5, 1)]  # the write, the tensor
+    assert "`local`: its values outlive a call" in found.notes[1].message
+    # the hint, followed, gives a program with no warning at all
+    assert "`rd[...] after wr[...]`" in found.hint
+    assert run(READ_FIRST.replace("wr[i] after rd[i]", "rd[i] after wr[i]"), until="check").warnings == []
+
+
+def test_a_read_of_what_the_call_wrote_before_a_reset_for_the_next_call_is_not_warned():
+    assert not [w for w in run(RESET_AFTER, until="check").warnings if "before the call writes it" in w.message]

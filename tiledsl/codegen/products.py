@@ -63,7 +63,7 @@ def split_k(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], ta
     for store in family.stores:
         collect(store.value)
     extents = {sympy.simplify(e) for _, e in found}
-    if len(found) < 2 or len(extents) != 1:
+    if not found or len(extents) != 1:  # one product too: a block loads an operand whole along K
         return family
     (extent,) = extents
     var = ir.index_symbol(value_name("kstep", taken))
@@ -86,9 +86,16 @@ def split_k(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], ta
             continue
         name = value_name("kacc", taken)
         accumulators[product] = name
-        shape = (product.left.region.shape[-2], product.right.region.shape[-1])
+        left, left_axis, left_t = _operand(product.left, -1)
+        right, right_axis, right_t = _operand(product.right, -2)
+        shape = (left.shape[-1 if left_t else -2], right.shape[-2 if right_t else -1])
         statements.append(ir.Let(name, ir.Scalar(0.0), (), "float32"))
-        step = ir.MatMul(operand(product.left.region, -1), operand(product.right.region, -2))
+        # a transposed operand (`W[j*BN : +BN, :].T`) steps along its own last axis, loaded as the
+        # product reads it (the block lowering loads `Load.T` natively, for the dot)
+        step = ir.MatMul(ir.Transpose(ir.Load(_k_step(left, left_axis, var, block_k))) if left_t else
+                         operand(left, left_axis),
+                         ir.Transpose(ir.Load(_k_step(right, right_axis, var, block_k))) if right_t else
+                         operand(right, right_axis))
         steps.append(ir.Let(name, ir.Map("add", (ir.Local(name), step)), shape, "float32"))
         carried.append(ir.Carried(name, shape, "float32"))
     statements.append(ir.Loop(var, _cdiv(extent, block_k), tuple(steps), tuple(carried), family.span))
@@ -98,12 +105,24 @@ def split_k(schedule: ir.Schedule, family: ir.Family, consts: dict[str, int], ta
     return dataclasses.replace(family, body=tuple(statements), stores=stores, phases=phases)
 
 
+def _operand(value, axis: int) -> tuple[ir.Region, int, bool] | None:
+    """A product's operand as (the region loaded, the axis of it contracted, whether transposed): a plain
+    load contracts `axis` (-1 on the left, -2 on the right), a transposed one (`X.T`) the other."""
+    if isinstance(value, ir.Load):
+        return value.region, axis, False
+    if isinstance(value, ir.Transpose) and isinstance(value.value, ir.Load):
+        return value.value.region, -3 - axis, True
+    return None
+
+
 def _whole_k(schedule: ir.Schedule, product: ir.MatMul) -> sympy.Expr | None:
-    """K where both operands are plain local loads taking the whole of their contracted dimension."""
-    if not (isinstance(product.left, ir.Load) and isinstance(product.right, ir.Load)):
+    """K where both operands are plain local loads (or their transposes) taking the whole of their
+    contracted dimension."""
+    operands = (_operand(product.left, -1), _operand(product.right, -2))
+    if None in operands:
         return None
     extents = []
-    for region, axis in ((product.left.region, -1), (product.right.region, -2)):
+    for region, axis, _ in operands:
         if region.owner is not None or region.rows is not None or len(region.dims) < 2:
             return None
         dim = region.dims[axis]

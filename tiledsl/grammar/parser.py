@@ -208,6 +208,9 @@ class _Builder(Transformer):
         return ast.Assign(children[0], children[1], _span(meta))
 
     # edges, order, placement
+    def consumer(self, meta, children):
+        return children[0]  # a NAME, or a statement word's token: the family's name either way
+
     def edge_decl(self, meta, children):
         consumer, bound, *deps = children
         return ast.EdgeDecl(self._name(consumer), bound or (), tuple(deps), _span(meta))

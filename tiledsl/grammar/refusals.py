@@ -153,6 +153,12 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str) -> Diagnostic
         return error(f"unknown statement '{first[:40]}' in a tile's block", word_span,
                      hint=f"did you mean '{guess[0]}'?" if guess else
                      "a block's statements are `name = value`, `X[...] = value`, `wait ...` and `for c in n:`")
+    if first in STATEMENTS and not in_block and lines[first_line - 1][first_col - 1 + len(first):].startswith("["):
+        # `order[i] after ...`: an edge whose consumer is named like a statement word (no declaration
+        # has '[' right after its word)
+        return error(f"'{first}' is a keyword of the language: a line starting with it is a declaration, "
+                     "not an edge", ast.Span(first_line, first_col, first_line, first_col + len(first)),
+                     hint=f"a family cannot be named '{first}': rename it, e.g. '{first}_'")
     if first and first not in STATEMENTS and first != "program" and not in_block:
         # Only an edge starts with a name that is no statement word, and an edge's name is followed by '['.
         after_word = lines[first_line - 1][first_col - 1 + len(first):].lstrip(" \t\f")

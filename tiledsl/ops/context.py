@@ -176,11 +176,34 @@ def library_consts(name: str) -> tuple[dict, dict]:
     return dict(schedule.consts), {k: tuple(v) for k, v in schedule.tunables.items()}
 
 
+@functools.lru_cache(maxsize=None)
+def const_requires(name: str) -> tuple:
+    """A library program's `require` lines over consts alone (`require BR % BT == 0`), as sympy relations:
+    a build at consts that break one is refused at that line."""
+    from tiledsl import pipeline
+    schedule = pipeline.run(library_program(name), until="schedule").schedule
+    return tuple(c.holds for c in schedule.conditions
+                 if c.holds.free_symbols and {s.name for s in c.holds.free_symbols} <= set(schedule.consts))
+
+
 def consts_for(entry: HeapEntry | None, program: str, tunables: tuple = ()) -> dict:
-    """The consts a program runs with: the library's, the heap's overrides, then the path's tunables."""
+    """The consts a program runs with: the library's, the heap's overrides, then the path's tunables. The
+    heap's overrides are one set for every program (`BR=8` for small emulated tiles), and a program's
+    requires may tie its consts together (`require BR % BT == 0` with BT = 16): an override that a
+    broken require names is doubled until the requires hold, up to the library's value."""
     consts, _ = library_consts(program)
     overrides = {k: v for k, v in (entry.consts if entry else {}).items() if k in consts}
-    return {**consts, **overrides, **dict(tunables)}
+    chosen = {**consts, **overrides, **dict(tunables)}
+    for name in overrides:
+        while chosen[name] < consts[name] and any(name in {s.name for s in holds.free_symbols}
+                                                  for holds in _broken_requires(program, chosen)):
+            chosen[name] = min(2 * chosen[name], consts[name])
+    return chosen
+
+
+def _broken_requires(program: str, consts: dict) -> list:
+    return [holds for holds in const_requires(program)
+            if not bool(holds.subs({s: consts[s.name] for s in holds.free_symbols}))]
 
 
 def fitted_blocks(consts: dict, element_size: int) -> dict:

@@ -511,3 +511,20 @@ def _replace(family: ir.Family, **changes) -> ir.Family:
 def build_schedule(program: ast.Program) -> ir.Schedule:
     """Resolve and type a parsed program; raise TdsError with every mistake found."""
     return Builder(program).run()
+
+
+def at_consts(schedule: ir.Schedule, consts: dict[str, int]) -> ir.Schedule:
+    """The schedule with the consts a build sets (`-D`, tiledsl.compile's keywords) in place of the
+    program's values, so that the checker proves what is built: a `require` or a bound that holds at
+    the defaults may not at these. Names that are no const are left to the lowering (build options
+    such as TMA, or a mistake it names)."""
+    given = {name: value for name, value in consts.items() if name in schedule.consts}
+    if not given:
+        return schedule
+    declared = {decl.name.id: decl.name.span for decl in schedule.program.decls
+                if isinstance(decl, (ast.ConstDecl, ast.TuneDecl))}
+    wrong = [error(f"{name} = {value} is set at build time, but a const must be a positive integer",
+                   declared[name]) for name, value in given.items() if value <= 0]
+    if wrong:
+        raise TdsError(wrong, schedule.program.path, schedule.program.source)
+    return dataclasses.replace(schedule, consts={**schedule.consts, **given})

@@ -16,9 +16,9 @@ from tiledsl import gpus
 from tiledsl.diagnostics import Diagnostic, Note, error, warning
 from tiledsl.grammar import ast
 from tiledsl.schedule import carried, ir, races, transport
-from tiledsl.schedule.meaning import (Concrete, FamilyCycleError, default_sizes, family_sequence, instantiate,
-                                     launch_conditions, per_schedule, ragged_sizes, runs_on, scaled_sizes,
-                                     small_sizes, topologies, waits_on_itself)
+from tiledsl.schedule.meaning import (MAX_INSTANCES, Concrete, FamilyCycleError, default_sizes, family_sequence,
+                                     instantiate, launch_conditions, per_schedule, ragged_sizes, runs_on,
+                                     scaled_sizes, small_sizes, topologies, waits_on_itself)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, NoSuchRank, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -72,6 +72,22 @@ def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diag
     return sorted(found.values(), key=lambda d: (d.span.line, d.span.column, d.message))
 
 
+def check_at(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> list[Diagnostic]:
+    """The errors of the schedule at one world and set of sizes (params and consts), those a run is
+    about to use: `check` proves a few worlds, and a program may be right only at some (`S[rank, :]`
+    of a `[4, N]` tensor at world 5, `X@(world - 2)` at world 1). Peer ranks and bounds are proved at
+    any sizes (one pass over the accesses); races and deadlocks where the instances stay few enough
+    for the checker's search (meaning.MAX_INSTANCES)."""
+    concrete = instantiate(schedule, world, sizes, nodes)
+    findings = _concrete_findings(concrete, order_warnings=False) if len(concrete.instances) <= MAX_INSTANCES \
+        else _bounds(concrete)
+    found: dict[object, Diagnostic] = {}
+    for key, diagnostic in findings:
+        if diagnostic.severity == "error":
+            found.setdefault(key, diagnostic)
+    return sorted(found.values(), key=lambda d: (d.span.line, d.span.column, d.message))
+
+
 def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
     yield from _bounds(concrete)
     yield from transport.findings(concrete)
@@ -87,7 +103,9 @@ def _concrete_findings(concrete: Concrete, order_warnings: bool = True):
         if not self_waits:
             yield from races.cycle(concrete, successors, via, set(range(len(successors))) - set(order))
         return
-    yield from races.find_races(concrete, races.ancestors(concrete, successors, order))
+    before = races.ancestors(concrete, successors, order)
+    yield from races.find_races(concrete, before)
+    yield from carried.stale_reads(concrete, before)
     if concrete.sequence is None:
         return  # families that wait on each other: no serial order (reported once, by check())
     if order_warnings:

@@ -17,6 +17,7 @@ from tiledsl.codegen.tma import row_conditions
 from tiledsl.diagnostics import TdsError, error
 from tiledsl.runtime import emulate
 from tiledsl.schedule import ir
+from tiledsl.schedule.check import check_at
 from tiledsl.schedule.meaning import compile_exprs, default_sizes, instantiate, size_symbols, size_values
 from tiledsl.tables import DTYPES
 from tiledsl.tools.expect import expected_outputs
@@ -170,8 +171,9 @@ def left_as_passed(world: int, written: set[int]) -> str:
     return f"; left as passed on rank{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
 
 
-def program_schedule(source: str):
-    return pipeline.run(source, until="check").schedule
+def program_schedule(source: str, consts: dict | None = None):
+    """The checked schedule, at the consts the run builds with."""
+    return pipeline.run(source, until="check", consts=consts).schedule
 
 
 def run_emulated(source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
@@ -224,8 +226,8 @@ class EmulatedRun:
     def prepare(cls, source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
                 consts: dict | None = None, timeout_s: float = 20.0, nodes: int | None = None,
                 expect=None) -> "EmulatedRun":
-        schedule = program_schedule(source)
         consts = consts or {}
+        schedule = program_schedule(source, consts)
         nodes = nodes if nodes is not None else int(os.environ.get(NODES_VARIABLE) or 1)
         sizes = launch_sizes(schedule, world, sizes or {}, consts, nodes)
         inputs = [make_inputs(schedule, world, sizes, seed + 1000 * call, EMULATED_DTYPES, consts, nodes)
@@ -387,6 +389,16 @@ def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1
                               f"{', '.join(schedule.params) or 'none'}", program.name.span)],
                        program.path, program.source)
     try:
+        return _checked_sizes(schedule, world, given, consts, nodes)
+    except ArithmeticError:  # `N / (world - 1)` at world 1, say: the checker's worlds did not have it
+        raise TdsError([error(f"the program's sizes divide by zero at world {world}", program.name.span,
+                              hint="a size that divides by an expression of world is 0 or undefined at some worlds")],
+                       program.path, program.source) from None
+
+
+def _checked_sizes(schedule, world: int, given: dict, consts: dict, nodes: int) -> dict:
+    program = schedule.program
+    try:
         sizes = {**default_sizes(schedule, world, nodes=nodes), **given}
     except ValueError as why:
         if set(given) != set(schedule.params):
@@ -402,6 +414,10 @@ def launch_sizes(schedule, world: int, given: dict, consts: dict, nodes: int = 1
               for c, ok in zip(conditions, holds) if not ok}
     if broken:
         raise TdsError(list(broken.values()), program.path, program.source)
+    # the checker proved a few worlds at small sizes: this run's world and sizes are proved too
+    wrong = check_at(schedule, world, {**sizes, **consts}, nodes)
+    if wrong:
+        raise TdsError(wrong, program.path, program.source)
     return sizes
 
 
