@@ -39,14 +39,22 @@ class Kind(str, enum.Enum):
     BARRIER_SHMEM = "barrier_shmem"
     CONST = "const"                # a compile-time size (constexpr)
     BLOCK = "block"                # a launch-time power-of-two block (constexpr)
-    ROLE = "role"                  # whether the kernel is the entry, traced, and which families it runs (constexpr)
-    SPREAD = "spread"              # a family's first program and how many it has: run-time ints, so that one
-                                   # compile serves every size and world (they change with both)
+    # the kernel's roles in this launch (constexprs: a role it does not play is compiled out)
+    RUN = "run"                    # whether it runs the family `of` (False: left out, or another launch's)
+    ENTER = "enter"                # whether it is the call's entry itself (no entry launch before it)
+    EXIT = "exit"                  # whether it ends with a barrier of every rank (peers read inputs in place)
+    TRACING = "tracing"            # whether it stamps a timeline
+    # a family's spread over the kernel's programs: run-time ints, so that one compile serves every size
+    # and world (they change with both)
+    START = "start"                # the family's first program
+    PROGRAMS = "programs"          # how many programs it has
     TRACE = "trace"                # a family's timeline rows (timeline.py), or the entry's: int64 [instances, 4]
 
 
-CONSTEXPR = (Kind.CONST, Kind.BLOCK, Kind.ROLE)
-LAUNCHER_SET = (Kind.ROLE, Kind.SPREAD)  # the launcher's `_roles` gives these, not `_kernel_arg`
+ROLES = (Kind.RUN, Kind.ENTER, Kind.EXIT, Kind.TRACING)
+SPREAD = (Kind.START, Kind.PROGRAMS)
+CONSTEXPR = (Kind.CONST, Kind.BLOCK, *ROLES)
+LAUNCHER_SET = (*ROLES, *SPREAD)  # `role_values` and `Spread.values` give these, not the call's tensors
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,54 @@ class ProgramSpec:
 def spec_of(module) -> ProgramSpec:
     """A generated module's contract with the runtime and the tools."""
     return module.tds_SPEC
+
+
+# ---- the arguments the launch gives (LAUNCHER_SET), by kind ----------------------------------------
+
+def role_values(spec: ProgramSpec, *, run, enter: bool, exit: bool, tracing: bool) -> dict[str, bool]:
+    """The kernel's roles by argument name: RUN of each family in `run` (names), ENTER, EXIT, TRACING.
+    What each argument is comes from its kind in the spec, never from its name."""
+    plays = {Kind.ENTER: enter, Kind.EXIT: exit, Kind.TRACING: tracing}
+    return {a.name: a.of in run if a.kind is Kind.RUN else plays[a.kind] for a in spec.args if a.kind in ROLES}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Which programs of the grid run each family the kernel runs: a fixed `sms(N)` family a range of
+    its own (at most one program an instance part), the `sms(rest)` families the programs left, shared."""
+    start: Mapping[str, int]     # each family's first program
+    programs: Mapping[str, int]  # ... and how many it has
+    grid: int                    # the programs the kernel launches
+    fixed: Mapping[str, int]     # the `sms(N)` families and the programs each takes
+    rest: int                    # the programs the `sms(rest)` families share (0 where none has an instance)
+    shared: tuple[str, ...]      # the `sms(rest)` families
+
+    def values(self, spec: ProgramSpec) -> dict[str, int]:
+        """The START and PROGRAMS arguments by name."""
+        return {a.name: (self.start if a.kind is Kind.START else self.programs)[a.of]
+                for a in spec.args if a.kind in SPREAD}
+
+
+def spread(spec: ProgramSpec, counts: Mapping[str, int], sms: int) -> Spread:
+    """The families' spread over `sms` programs, for the instances `counts` gives (spec.counts)."""
+    kernel = [f for f in spec.families if f.engine != "copy_engine"]
+    start, programs, first = {}, {}, 0
+    for f in kernel:
+        if f.programs is not None:
+            start[f.name], programs[f.name] = first, max(1, min(f.programs, counts[f.name] * f.split))
+            first += programs[f.name]
+    shared = tuple(f.name for f in kernel if f.programs is None)
+    rest = min(max(1, sms - first), max([counts[f.name] * f.split for f in kernel if f.programs is None] or [0]))
+    fixed = dict(programs)
+    for name in shared:
+        start[name], programs[name] = first, rest
+    return Spread(start, programs, first + (rest if shared else 0), fixed, rest, shared)
+
+
+def alone(spec: ProgramSpec) -> Spread:
+    """The spread of a launch that runs one family at a time (emulated): one program, the first, for each."""
+    kernel = [f.name for f in spec.families if f.engine != "copy_engine"]
+    return Spread(dict.fromkeys(kernel, 0), dict.fromkeys(kernel, 1), 1, {}, 1, tuple(kernel))
 
 
 def pow2_at_least(n: int) -> int:
