@@ -67,6 +67,13 @@ class Resources:
     diag: object = None                                      # what a wait that gave up or a guard reports
 
 
+@dataclasses.dataclass(frozen=True)
+class Timelines:
+    """A traced call's timeline rows on one rank, int64 [rows, timeline.FIELDS] each."""
+    entry: torch.Tensor   # the entry's one row: the trace's origin (the end of the entry barrier)
+    families: dict        # family -> a row per instance part
+
+
 class Program(Issuing):
     """A compiled program bound to a rank. Call it with the caller's tensors (in, out and inout, in
     declaration order, or by name); it returns the out and inout tensors. What the module's code
@@ -638,14 +645,15 @@ class Program(Issuing):
             return guards.capacity_error(rank, guard.tensor, element, value, bound, guard.declared)
         return guards.index_error(rank, guard.tensor, element, value, bound, guard.target, guard.declared)
 
-    def trace_buffers(self) -> dict:
-        """The last traced call's timeline rows on this rank: per family, and the entry's (runtime/timeline.py)."""
+    def timelines(self) -> Timelines:
+        """The last traced call's timeline rows on this rank (runtime/timeline.py): the entry's, and each
+        family's apart from it (a family may be called `entry`)."""
         if not self.trace or not self._resources:
             raise RuntimeError("no traced call yet: compile with trace=True and call the program")
         res = next(reversed(self._resources.values()))
         if not self.emulated:
             torch.cuda.synchronize(self.device)
-        return {**res.traces, "entry": res.trace_entry}
+        return Timelines(res.trace_entry, dict(res.traces))
 
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)
