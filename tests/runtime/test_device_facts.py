@@ -71,3 +71,16 @@ def test_more_programs_than_the_device_has_sms_are_refused(monkeypatch):
                                           r"\(sms\(rest\)\)\) but the stand-in GPU .* runs at most 132 at once"):
         _prepared(monkeypatch, 132, num_sms=200)
     assert _prepared(monkeypatch, 132, num_sms=100).grid == 100
+
+
+def test_the_pipeline_stages_fit_the_shared_memory_of_the_gpu_it_runs_on():
+    """gemm.tds's [128, 64] x [64, 256] bf16 blocks and their TMA-stored [128, 256] block: 3 stages in
+    Hopper's 227 KB, 2 in 170 KB, and below the 160 KB two need, a refusal naming the family."""
+    from pathlib import Path
+
+    from tiledsl.runtime.specs import SharedMemoryError, kernel_options, spec_of
+    spec = spec_of(build_module((Path(__file__).resolve().parents[2] / "programs" / "gemm.tds").read_text()))
+    assert kernel_options(spec, 2)["num_stages"] == kernel_options(spec, 2, 227 * 1024)["num_stages"] == 3
+    assert kernel_options(spec, 2, 170 * 1024)["num_stages"] == 2
+    with pytest.raises(SharedMemoryError, match=r"mm: .* need 163840 bytes .* more than the 102400 a block may take"):
+        kernel_options(spec, 2, 100 * 1024)

@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from tiledsl import gpus
 from tiledsl.tables import DTYPES
 
 
@@ -87,7 +88,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     # `options`: num_warps, num_stages as at launch
     # the stages fit the operands as the program declares them (an f32 product: 4-byte elements), as at launch
     element = getattr(torch, dtype).itemsize if dtype else operand_bytes(spec)
-    options = {**kernel_options(spec, element), **(options or {})}
+    options = {**kernel_options(spec, element, gpus.for_arch(arch).shared_bytes), **(options or {})}
     if spec.uses_nvshmem:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())

@@ -555,7 +555,7 @@ class Program(Issuing):
         runtime's tests with stand-in kernels) assumes the default GPU's."""
         try:
             return gpus.of_device(self.device)
-        except (AssertionError, RuntimeError):  # torch without CUDA: "Torch not compiled with CUDA enabled"
+        except (AssertionError, RuntimeError, LaunchError):  # torch without CUDA, or no device at all
             return gpus.DEFAULT
 
     def _default_programs(self, copies_beside: bool) -> int:
@@ -570,7 +570,8 @@ class Program(Issuing):
 
     def _options(self, env) -> dict:
         try:  # emulated there is no shared memory (and bf16 runs as fp32 there, on the blocks chosen for bf16)
-            options = kernel_options(self.spec, 2 if self.emulated else self._operand_bytes())
+            options = kernel_options(self.spec, 2, gpus.DEFAULT.shared_bytes) if self.emulated else \
+                kernel_options(self.spec, self._operand_bytes(), self._gpu.shared_bytes)
         except SharedMemoryError as error:
             raise LaunchError(str(error)) from None
         if self.num_warps is not None:

@@ -241,14 +241,15 @@ def operand_bytes(spec: ProgramSpec, dtype_override: dict | None = None) -> int:
                 for a in spec.args if a.kind is Kind.DESCRIPTOR), default=2)
 
 
-def kernel_options(spec: ProgramSpec, element_size: int = 2) -> dict:
+def kernel_options(spec: ProgramSpec, element_size: int = 2, shared_bytes: int = SHARED_MEMORY_LIMIT) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block, for operands of `element_size` bytes (2:
     the bf16 a program declares; 4 when it runs in fp32). Blocks that leave room for fewer than two
     stages are refused here, by name, rather than by the driver at the first launch. Tiles written as
     blocks get the warps their largest block needs (4 or 8) and 2 stages, or the program's const
     `STAGES`: the pipeline depth its author measured best (sp_ag_attention's 128-row tiles took 3.20
-    against 4.01 ms on 3 stages rather than 2; bench/NOTES.md, session 12)."""
+    against 4.01 ms on 3 stages rather than 2; bench/NOTES.md, session 12). `shared_bytes` is what a
+    block may take on the GPU it runs on (tiledsl.gpus: the device's, at launch; Hopper's 227 KB)."""
     descriptors = {a.name: a for a in spec.args if a.kind is Kind.DESCRIPTOR}
     products = [f.name for f in spec.families if f.matmul]
     if not products:
@@ -261,13 +262,15 @@ def kernel_options(spec: ProgramSpec, element_size: int = 2) -> dict:
         (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block[-2:], descriptors[f"tds_desc_{f}_b"].block[-1]
         tma_store = f"tds_desc_{f}_c" in descriptors
         least = shared_memory_bytes(block_m, block_n, block_k, tma_store, element_size, 2)
-        if least > SHARED_MEMORY_LIMIT:
+        if least > shared_bytes:
             raise SharedMemoryError(
                 f"{f}: blocks [{block_m}, {block_k}] x [{block_k}, {block_n}] of {element_size}-byte elements need "
                 f"{least} bytes of shared memory for two pipeline stages{' and the staging of a TMA store' * tma_store},"
-                f" more than the {SHARED_MEMORY_LIMIT} an H100/H200 SM offers: compile with a smaller BK or BN "
+                f" more than the {shared_bytes} a block may take on this GPU: compile with a smaller BK or BN "
                 "(tiledsl.ops picks them for fp32)")
-        stages.append(max(2, pipeline_stages(block_m, block_n, block_k, tma_store, element_size)))
+        # what Triton keeps for itself comes off the device's, as off Hopper's
+        budget = min(SHARED_MEMORY_BYTES, shared_bytes - (SHARED_MEMORY_LIMIT - SHARED_MEMORY_BYTES))
+        stages.append(max(2, pipeline_stages(block_m, block_n, block_k, tma_store, element_size, budget)))
     return {"num_warps": 8, "num_stages": min(stages)}
 
 
@@ -283,12 +286,14 @@ def shared_memory_bytes(block_m: int, block_n: int, block_k: int, tma_store: boo
         (block_m * block_n * element_size if tma_store else 0)
 
 
-def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool, element_size: int = 2) -> int:
-    """Pipeline stages of [BM, BK] and [BK, BN] blocks that fit in shared memory (at most 4) next to
-    the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only where 2 fit in bf16."""
+def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool, element_size: int = 2,
+                    budget: int = SHARED_MEMORY_BYTES) -> int:
+    """Pipeline stages of [BM, BK] and [BK, BN] blocks that fit in `budget` bytes of shared memory (at
+    most 4) next to the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only
+    where 2 fit in bf16."""
     stage_bytes = shared_memory_bytes(block_m, block_n, block_k, False, element_size, 1)
     staging = shared_memory_bytes(block_m, block_n, block_k, tma_store, element_size, 0)
-    return min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes)
+    return min(4, (budget - staging) // stage_bytes)
 
 
 def ordered_instances(extents, key) -> list[int]:
