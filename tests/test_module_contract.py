@@ -62,3 +62,29 @@ def test_a_generated_module_assigns_only_its_spec(name):
                                  spec.orders, *spec.views.values(), *spec.waits.values())}
     host = {f for f in functions if not f.startswith(("tds_tile_", "tds_chunk_", "tds_kernel", "tds_load"))}
     assert host <= held, sorted(host - held)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_the_launch_gives_every_argument_of_a_launch_kind_by_its_kind(name):
+    """RUN, ENTER, EXIT, TRACING, START and PROGRAMS come from `role_values` and the spread, by each
+    argument's kind in the spec (aot.py and the launcher alike), never from its name: exactly the
+    arguments of those kinds, each what its kind says."""
+    from tiledsl.runtime import specs
+    from tiledsl.runtime.specs import LAUNCHER_SET, Kind
+    spec = spec_of(build_module((ROOT / "programs" / f"{name}.tds").read_text()))
+    env = {"rank": 0, "world": 2, "nodes": 1, "local_world": 2, **spec.consts, **dict.fromkeys(spec.params, 256)}
+    kernel = [f.name for f in spec.families if f.engine != "copy_engine"]
+    run = set(kernel[:1])
+    roles = specs.role_values(spec, run=run, enter=True, exit=False, tracing=True)
+    spread = specs.spread(spec, spec.counts(env), 132)
+    values = {**roles, **spread.values(spec)}
+    assert set(values) == {a.name for a in spec.args if a.kind in LAUNCHER_SET}
+    for arg in spec.args:
+        expected = {Kind.RUN: arg.of in run, Kind.ENTER: True, Kind.EXIT: False, Kind.TRACING: True,
+                    Kind.START: spread.start.get(arg.of), Kind.PROGRAMS: spread.programs.get(arg.of)}
+        if arg.kind in LAUNCHER_SET:
+            assert values[arg.name] == expected[arg.kind], arg
+    # the families' ranges of programs follow one another, and the grid holds them all
+    ranges = sorted((spread.start[f], spread.programs[f]) for f in kernel if f not in spread.shared)
+    assert [a for a, _ in ranges[:1]] in ([], [0]) and all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:]))
+    assert spread.grid == sum(spread.fixed.values()) + (spread.rest if spread.shared else 0) <= 132

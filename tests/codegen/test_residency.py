@@ -87,7 +87,7 @@ def queues(source: str, world: int, shared: int, sizes: dict | None = None):
                 continue
             if family.programs is None:
                 programs = shared_queues
-            else:  # launch._roles: its own range, no more programs than slots
+            else:  # specs.spread: its own range, no more programs than slots
                 programs = [[] for _ in range(max(1, min(family.programs, len(slots))))]
                 mine += programs
             for t, slot in enumerate(slots):  # the kernel: for tds_t in range(tds_program, slots, programs)

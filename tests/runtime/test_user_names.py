@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tiledsl.runtime.emulate import run_ranks
+from tiledsl.tools import trace
 from tiledsl.tools.run_program import run_emulated
 
 pytestmark = pytest.mark.emulated
@@ -30,6 +31,25 @@ NAMED_LIKE_RESOURCES = textwrap.dedent("""\
     tile  take[i in cdiv(N, B)]: blocks[i*B : +B] = diag@((rank + 1) mod world)[i*B : +B] + shapes[i*B : +B]; \\
           count_take[i*B : +B] = sig_fill@((rank + 1) mod world)[i*B : +B]
     take[i] after fill[i] @ ((rank + 1) mod world), fill[i]
+    """)
+
+# a family named `entry` beside the entry's own timeline row, tensors named like the launcher's trace
+# rows (`trace_<family>`, `entry_trace`), signals and counts (`sig_x`, `count_x`), and a family `x` whose
+# own arguments (tds_trace_x, tds_sig_x) are named like them too
+ENTRY_NAMED = textwrap.dedent("""\
+    program entry_named
+    param N
+    const B = 2
+    in    trace_entry : f32[N]
+    symm  count_x : f32[N]
+    local sig_x : f32[N]
+    out   trace_x : f32[N]
+    out   entry_trace : f32[N]
+    tile  entry[i in cdiv(N, B)]: count_x[i*B : +B] = trace_entry[i*B : +B] * 2; sig_x[i*B : +B] = 1
+    tile  x[i in cdiv(N, B)]: trace_x[i*B : +B] = count_x@((rank + 1) mod world)[i*B : +B] + sig_x[i*B : +B]
+    chunk pull[i in cdiv(N, B)] on copy_engine: count_x@rank[i*B : +B] -> entry_trace[i*B : +B]
+    x[i] after entry[i] @ ((rank + 1) mod world), entry[i]
+    pull[i] after entry[i]
     """)
 
 # a copy tile into a tensor valid `upto` a count: the copy runs inside the count's condition
@@ -77,3 +97,20 @@ def test_reset_zeroes_the_launchers_signals_and_not_tensors_named_like_them():
 def test_a_copy_tile_into_an_upto_tensor_runs_and_matches_below_the_count():
     (verdict,) = run_emulated(UPTO_COPY, 2, {"E": 3, "C": 6, "D": 4})
     assert verdict.ok, verdict.line()
+
+
+def test_a_family_named_entry_and_tensors_named_like_trace_rows_run_and_match():
+    verdicts = run_emulated(ENTRY_NAMED, 2, {"N": 5})
+    assert [v.tensor for v in verdicts] == ["trace_x", "entry_trace"]
+    assert all(v.ok for v in verdicts), [v.line() for v in verdicts]
+
+
+def test_a_family_named_entry_keeps_its_timeline_apart_from_the_entrys():
+    """`entry`'s three instances are stamped in its own rows, the entry's row is the origin: the trace
+    kept them in one dict, where the entry's row took the family's place."""
+    found = trace.trace_emulated(ENTRY_NAMED, 2, {"N": 5})
+    for rank in range(2):
+        assert sorted((e.family, e.instance) for e in found if e.rank == rank) == \
+            [("entry", 0), ("entry", 1), ("entry", 2), ("pull", 0), ("pull", 1), ("pull", 2),
+             ("x", 0), ("x", 1), ("x", 2)]
+    assert all(0 <= e.start_us <= e.waited_us <= e.end_us for e in found)

@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from tiledsl import gpus
 from tiledsl.tables import DTYPES
 
 
@@ -49,11 +50,14 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tiledsl.runtime.specs import Kind, kernel_options, operand_bytes, spec_of
+    from tiledsl.runtime.specs import Kind, kernel_options, operand_bytes, role_values, spec_of
 
     spec = spec_of(module)
     env = build_env(spec, sizes)
     blocks = spec.blocks(env)
+    # every role compiled in: the entry, the exit barrier, the families (or `only`), the trace if asked
+    run = {f.name for f in spec.families} if only is None else {only}
+    roles = role_values(spec, run=run, enter=True, exit=True, tracing=trace)
     tensors = {t.name for t in spec.tensors}
     # What the JIT assumes on a GPU: torch's allocations are 16-byte aligned, and an integer argument
     # that 16 divides is marked so (rank and the spin bound are never specialised). Without it the
@@ -72,9 +76,8 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
             constexprs[arg.name] = spec.consts[arg.name]
         elif arg.kind is Kind.BLOCK:
             constexprs[arg.name] = blocks[arg.name]
-        elif arg.kind is Kind.ROLE:
-            role = arg.name.split("_")[1]
-            constexprs[arg.name] = {"ENTER": True, "EXIT": True, "TRACE": trace, "RUN": only in (None, arg.of)}[role]
+        elif arg.name in roles:
+            constexprs[arg.name] = roles[arg.name]
         else:
             signature[arg.name] = "i32"
             if arg.kind is Kind.SIZE and arg.name not in ("rank",) and env.get(arg.name, 1) % 16 == 0:
@@ -85,7 +88,7 @@ def compile_kernel(module, arch: str = "sm_90", sizes: dict | None = None, dtype
     # `options`: num_warps, num_stages as at launch
     # the stages fit the operands as the program declares them (an f32 product: 4-byte elements), as at launch
     element = getattr(torch, dtype).itemsize if dtype else operand_bytes(spec)
-    options = {**kernel_options(spec, element), **(options or {})}
+    options = {**kernel_options(spec, element, gpus.for_arch(arch).shared_bytes), **(options or {})}
     if spec.uses_nvshmem:
         from tiledsl.runtime import nvshmem_device
         options["extern_libs"] = tuple(nvshmem_device.extern_libs(arch_number(arch)).items())

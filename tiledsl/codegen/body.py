@@ -110,7 +110,14 @@ class Scalar:
     integer: bool = False
 
 
-Operand = Union[str, Scalar]  # a block named by an earlier statement, or a scalar
+@dataclass(frozen=True)
+class Computed:
+    """A value printed where it is read instead of under a name of its own: the statement that computes
+    it (an Apply, Cast, Trans, Dot or Mask). Only printing makes these (codegen/inline.py)."""
+    statement: "Statement"
+
+
+Operand = Union[str, Scalar, Computed]  # a block named by an earlier statement, a scalar, or one computed in place
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sympy
 
 from tiledsl.codegen import body
+from tiledsl.runtime.specs import ROLES
 from tiledsl.schedule import ir
 
 
@@ -15,7 +16,7 @@ def describe(plan) -> str:
     for family in plan.families:
         lines += _family(family, plan.interface.families.get(family.name, ()))
     lines.append("kernel arguments: " + ", ".join(
-        f"{a.name} ({a.kind.value})" for a in plan.interface.args if a.kind.value != "role"))
+        f"{a.name} ({a.kind.value})" for a in plan.interface.args if a.kind not in ROLES))
     barrier = "two levels (the node by pointers, the other nodes by NVSHMEM)" if plan.distributed and \
         plan.spans_nodes else str(plan.distributed)
     lines.append(f"entry barrier: {barrier}; nvshmem: {plan.uses_nvshmem}"

@@ -10,7 +10,7 @@ import sympy
 from tiledsl.codegen.body import DescLoad, DescStore, Dim, Fetch, Loop, MakeDescriptor, TmaStore, walk
 from tiledsl.codegen.names import EPOCH
 # generated modules describe their arguments with the runtime's own records: one definition of each
-from tiledsl.runtime.specs import Arg, Kind
+from tiledsl.runtime.specs import SPREAD, Arg, Kind
 
 # a family's linear instance number and, split, its part: the names every kernel binds (plan.py uses them)
 INSTANCE = sympy.Symbol("tds_inst", integer=True, nonnegative=True)
@@ -36,7 +36,7 @@ class KernelInterface:
         """The arguments the JIT must not specialise on (a value of 1, or one 16 divides): the rank, the
         spin bound and the families' spread over programs, where the kernel has them, so that every rank,
         and every size and world, runs one compile (a spread is 1 at small sizes, 16 divides it at others)."""
-        return tuple(a.name for a in self.args if a.name in ("rank", "tds_max_spins") or a.kind is Kind.SPREAD)
+        return tuple(a.name for a in self.args if a.kind is Kind.MAX_SPINS or a.name == "rank" or a.kind in SPREAD)
 
 
 def interface_of(plan) -> KernelInterface:
@@ -101,12 +101,10 @@ def interface_of(plan) -> KernelInterface:
     args += [Arg(name, Kind.BLOCK) for f in plan.families for name, _ in f.blocks]
     args += [Arg(f"tds_trace_{f.name}", Kind.TRACE, f.name, "int64") for f in kernel_families]
     args.append(Arg("tds_entry_trace", Kind.TRACE, None, "int64"))
-    args.append(Arg("tds_ENTER", Kind.ROLE))
-    args.append(Arg("tds_EXIT", Kind.ROLE))
-    args.append(Arg("tds_TRACE", Kind.ROLE))
+    args += [Arg("tds_ENTER", Kind.ENTER), Arg("tds_EXIT", Kind.EXIT), Arg("tds_TRACE", Kind.TRACING)]
     for f in kernel_families:
-        args.append(Arg(f"tds_RUN_{f.name}", Kind.ROLE, f.name))
-        args += [Arg(f"tds_{role}_{f.name}", Kind.SPREAD, f.name) for role in ("START", "PROGRAMS")]
+        args += [Arg(f"tds_RUN_{f.name}", Kind.RUN, f.name), Arg(f"tds_START_{f.name}", Kind.START, f.name),
+                 Arg(f"tds_PROGRAMS_{f.name}", Kind.PROGRAMS, f.name)]
     order = {a.name: n for n, a in enumerate(args)}
     order[EPOCH] = order[EPOCH_CELL]
     families = {f.name: tuple(sorted(_needs(f, plan), key=order.__getitem__)) for f in kernel_families}

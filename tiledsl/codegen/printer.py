@@ -16,6 +16,7 @@ from collections.abc import Callable
 import sympy
 
 from tiledsl.codegen import body
+from tiledsl.codegen.inline import inlined
 from tiledsl.codegen.interface import INSTANCE
 from tiledsl.codegen.lines import WIDTH, always, comment, kernel_code, plus, wrap
 from tiledsl.schedule import ir
@@ -41,10 +42,13 @@ def prints(kind: type):
 
 def statements(items, indent: str, family) -> str:
     """The statements, one printer's lines after another, those a loop or an if holds indented under it;
-    each line ends in a newline (the template's `{{ statements(...) -}}` adds none)."""
+    each line ends in a newline (the template's `{{ statements(...) -}}` adds none). A temporary read
+    once is printed where it is read (inline.py)."""
+    def lines_of(s, depth: int) -> list[str]:
+        return PRINTERS[type(s)](s, indent + "    " * depth, family)
     lines = []
-    for depth, s in body.nested(items):
-        lines += PRINTERS[type(s)](s, indent + "    " * depth, family)
+    for depth, s in body.nested(inlined(items, lines_of)):
+        lines += lines_of(s, depth)
     return "".join(line + "\n" for line in lines)
 
 
@@ -158,6 +162,8 @@ def operand(value) -> str:
             text = kernel_code(value.value)
             return text if re.fullmatch(r"\w+", text) else f"({text})"  # `0`, `P`: bracketed, an expression
         return f"({kernel_code(value.value)}).to(tl.float32)"
+    if isinstance(value, body.Computed):
+        return value_of(value.statement)
     return value
 
 
@@ -170,8 +176,7 @@ def tensor_operand(value) -> str:
 
 def dot_operand(value, like) -> str:
     """An operand of tl.dot, converted to the element type of tensor `like` where that is given."""
-    text = operand(value)
-    return text if like is None else f"{text}.to({like}.dtype.element_ty)"
+    return argument(value) if like is None else f"{operand(value)}.to({like}.dtype.element_ty)"
 
 
 def expand(statement: body.Arange) -> str:
@@ -180,9 +185,35 @@ def expand(statement: body.Arange) -> str:
     return "[:, None]" if statement.axis == 0 else "[None, :]"
 
 
+# how tightly an operator binds, as Python parses it: an operand computed in place needs no brackets
+# where it binds tighter, or as tightly on the left (`a * b + c`, `a + b - c`; never `a + (b + c)`,
+# which rounds otherwise, nor a comparison in a comparison, which Python chains)
+BINDS = {"mul": 3, "add": 2, "sub": 2, **dict.fromkeys(("lt", "le", "gt", "ge", "eq", "ne"), 1)}
+
+
+def _argument(value, outer: str, position: int) -> str:
+    """Argument `position` of function `outer`, computed in place without the brackets it does not need:
+    an argument of a call, or an operand that binds tighter than the operator around it."""
+    text = operand(value)
+    if not isinstance(value, body.Computed):
+        return text
+    if re.search(r"[(,]\s*\{%d\}\s*[,)]" % position, FUNCTIONS[outer].triton):
+        return unbracketed(text)
+    inner = value.statement.function if isinstance(value.statement, body.Apply) else None
+    if inner in BINDS and outer in BINDS and (
+            BINDS[inner] > BINDS[outer] or BINDS[inner] == BINDS[outer] > 1 and position == 0):
+        return unbracketed(text)
+    return text
+
+
+def argument(value) -> str:
+    """An operand alone between a call's brackets and commas (or after `=`, `+=`): no brackets of its own."""
+    return unbracketed(operand(value)) if isinstance(value, body.Computed) else operand(value)
+
+
 def apply(statement: body.Apply) -> str:
     function = FUNCTIONS[statement.function]
-    args = [operand(a) for a in statement.args]
+    args = [_argument(a, statement.function, n) for n, a in enumerate(statement.args)]
     args += list(function.defaults[len(args) - function.arity[1]:]) if len(args) < function.arity[1] else []
     row = kernel_code(statement.row) if statement.row is not None else None
     return function.triton.format(*args, row=row)
@@ -255,14 +286,18 @@ def _apply(s: body.Apply, indent: str, family) -> list[str]:
 _ROUNDING = {"float8_e4m3fn": "tds_float.round_e4m3", "bfloat16": "tds_float.round_bf16"}
 
 
-@prints(body.Cast)
-def _cast(s: body.Cast, indent: str, family) -> list[str]:
+def _cast_value(s: body.Cast) -> str:
     arg = tensor_operand(s.arg)
     if s.dtype in _ROUNDING:
-        return [f"{indent}{s.name} = {_ROUNDING[s.dtype]}({arg})"]
+        return f"{_ROUNDING[s.dtype]}({argument(s.arg) if isinstance(s.arg, body.Computed) else arg})"
     if s.dtype == "float32":
-        return [f"{indent}{s.name} = {arg}.to(tl.float32)"]
-    return [f"{indent}{s.name} = {arg}.to({cast(s.dtype)}).to(tl.float32)"]
+        return f"{arg}.to(tl.float32)"
+    return f"{arg}.to({cast(s.dtype)}).to(tl.float32)"
+
+
+@prints(body.Cast)
+def _cast(s: body.Cast, indent: str, family) -> list[str]:
+    return [wrap(f"{indent}{s.name} = {_cast_value(s)}")]
 
 
 @prints(body.Zeros)
@@ -273,8 +308,8 @@ def _zeros(s: body.Zeros, indent: str, family) -> list[str]:
 @prints(body.Accumulate)
 def _accumulate(s: body.Accumulate, indent: str, family) -> list[str]:
     if s.op == "max":
-        return [f"{indent}{s.name} = tl.maximum({s.name}, {operand(s.term)})"]
-    return [f"{indent}{s.name} += {operand(s.term)}"]
+        return [wrap(f"{indent}{s.name} = tl.maximum({s.name}, {argument(s.term)})")]
+    return [wrap(f"{indent}{s.name} += {argument(s.term)}")]
 
 
 @prints(body.Arange)
@@ -296,20 +331,39 @@ def _full(s: body.Full, indent: str, family) -> list[str]:
 
 @prints(body.Trans)
 def _trans(s: body.Trans, indent: str, family) -> list[str]:
-    return [f"{indent}{s.name} = tl.trans({operand(s.arg)})"]
+    return [wrap(f"{indent}{s.name} = {_trans_value(s)}")]
+
+
+def _trans_value(s: body.Trans) -> str:
+    return f"tl.trans({argument(s.arg)})"
 
 
 @prints(body.Dot)
 def _dot(s: body.Dot, indent: str, family) -> list[str]:
+    return [wrap(f"{indent}{s.name} = {_dot_value(s)}")]
+
+
+def _dot_value(s: body.Dot) -> str:
     ieee = ', input_precision="ieee"' if s.ieee else ""
-    return [wrap(f"{indent}{s.name} = tl.dot({dot_operand(s.left, s.convert_left)}, "
-                 f"{dot_operand(s.right, s.convert_right)}{ieee})")]
+    return f"tl.dot({dot_operand(s.left, s.convert_left)}, {dot_operand(s.right, s.convert_right)}{ieee})"
 
 
 @prints(body.Mask)
 def _mask(s: body.Mask, indent: str, family) -> list[str]:
-    return [wrap(f"{indent}{s.name} = tl.where({s.along} < {kernel_code(s.bound)}, {operand(s.arg)}, "
-                 f"{operand(body.Scalar(s.fill))})")]
+    return [wrap(f"{indent}{s.name} = {_mask_value(s)}")]
+
+
+def _mask_value(s: body.Mask) -> str:
+    return f"tl.where({s.along} < {kernel_code(s.bound)}, {argument(s.arg)}, {operand(body.Scalar(s.fill))})"
+
+
+# the value of each statement inline.py may print where it is read
+VALUES = {body.Apply: apply, body.Cast: _cast_value, body.Trans: _trans_value, body.Dot: _dot_value,
+          body.Mask: _mask_value}
+
+
+def value_of(statement) -> str:
+    return VALUES[type(statement)](statement)
 
 
 @prints(body.Product)
@@ -524,8 +578,9 @@ def _scan(s: body.Scan, indent: str, family) -> list[str]:
     outside = wrap(f"{indent}        tds_sync.report(tds_diag, rank, {s.site}, tds_inside & ((tds_id < 0) | "
                    f"(tds_id >= {bins})), {offset(s.source, COPY_AXES)}, tds_id, {bins})")
     lines = [f"{indent}for tds_g0 in range(0, {bins}, {groups}):",
-             f"{indent}    tds_seen = tl.zeros([{groups}], tl.int32)",
-             f"{indent}    tds_g = tds_g0 + tl.arange(0, {groups})"]
+             f"{indent}    tds_seen = tl.zeros([{groups}], tl.int32)"]
+    if s.histogram is not None:  # the groups' ids, where the histogram is stored
+        lines.append(f"{indent}    tds_g = tds_g0 + tl.arange(0, {groups})")
     if s.arrival is None or s.first is not None:  # ids only counted
         counted = kernel_code(s.count if s.arrival is None else s.first)
         lines += _scan_ids(s, indent + "    ", "0", counted, s.count_step)

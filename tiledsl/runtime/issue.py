@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy
 import torch
 
-from tiledsl.runtime import sync, timeline
+from tiledsl.runtime import specs, sync, timeline
 from tiledsl.runtime.replay import Replay
 
 
@@ -128,9 +128,8 @@ class Issuing:
                     if row is not None:
                         row[timeline.END] = timeline._host_now()
             else:
-                roles, grid = self._roles(call.env, only=spec.name)
-                roles.update(tds_ENTER=call.fold, tds_EXIT=call.exit, tds_TRACE=self.trace)
-                self._launch(grid, call.kernel_args, roles, call.options)
+                roles = self._roles(specs.alone(self.spec), enter=call.fold, exit=call.exit, run={spec.name})
+                self._launch(1, call.kernel_args, roles, call.options)
 
     def _await_count(self, count, index: int, expected: int) -> None:
         """Emulated: until another rank's tiles have counted `expected` instances into this rank's

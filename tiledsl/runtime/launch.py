@@ -16,7 +16,7 @@ import functools
 import torch
 
 from tiledsl import gpus
-from tiledsl.runtime import guards, sync, timeline, validate
+from tiledsl.runtime import guards, specs, sync, timeline, validate
 # ScheduleTimeout is raised by check() below, and callers import it from here
 from tiledsl.runtime.issue import (CapacityExceeded, CopyOp, DataError, IndexOutOfRange, Issuing, PreparedCall,
                                    ScheduleTimeout, goes_first)
@@ -65,6 +65,13 @@ class Resources:
     blocks: dict = dataclasses.field(default_factory=dict)    # tunable block sizes
     shapes: dict = dataclasses.field(default_factory=dict)    # every tensor's shape
     diag: object = None                                      # what a wait that gave up or a guard reports
+
+
+@dataclasses.dataclass(frozen=True)
+class Timelines:
+    """A traced call's timeline rows on one rank, int64 [rows, timeline.FIELDS] each."""
+    entry: torch.Tensor   # the entry's one row: the trace's origin (the end of the entry barrier)
+    families: dict        # family -> a row per instance part
 
 
 class Program(Issuing):
@@ -436,10 +443,10 @@ class Program(Issuing):
         copies = {spec.name: self._copy_ops(spec, env, res, views, shared)
                   for spec in self.spec.families if spec.engine == "copy_engine" and spec.name not in self.skip}
         beside = any(not goes_first(op) for ops in copies.values() for op in ops)
-        roles, grid = (None, 0) if self.emulated else self._roles(env, copies_beside=beside)
+        spread = None if self.emulated else self._spread(env, copies_beside=beside)
+        grid = 0 if spread is None else spread.grid
         fold = self._folds_entry(copies, staged, grid)
-        if roles is not None:
-            roles.update(tds_ENTER=fold, tds_EXIT=bool(in_place), tds_TRACE=self.trace)
+        roles = None if spread is None else self._roles(spread, enter=fold, exit=bool(in_place))
         args = self._kernel_args(env, res, views, shared, barrier)
         counts = [res.counts[spec.name] for spec in self.spec.families if spec.counted]
         return PreparedCall(env, res.diag, staged, barrier, args, copies, roles, grid, self._options(env), fold,
@@ -526,33 +533,21 @@ class Program(Issuing):
             return res.traces[arg.of] if arg.of else res.trace_entry
         raise LaunchError(f"no value for kernel argument {arg.name} of kind {kind}")
 
-    def _roles(self, env, only: str | None = None, copies_beside: bool = False) -> tuple[dict, int]:
-        """RUN/START/PROGRAMS for every kernel family, and the grid size (`copies_beside`: copy-engine
-        chunks run beside the kernel)."""
-        counts = self.spec.counts(env)
-        kernel = [f for f in self.spec.families if f.engine != "copy_engine"]
-        roles, start = {}, 0
-        if only is not None:
-            for f in kernel:
-                roles.update({f"tds_RUN_{f.name}": f.name == only, f"tds_START_{f.name}": 0, f"tds_PROGRAMS_{f.name}": 1})
-            return roles, 1
-        for f in kernel:
-            roles[f"tds_RUN_{f.name}"] = f.name not in self.skip
-        num_sms = self.num_sms or self._default_programs(copies_beside)
-        for f in kernel:
-            if f.programs is not None:
-                programs = max(1, min(f.programs, counts[f.name] * f.split))
-                roles.update({f"tds_START_{f.name}": start, f"tds_PROGRAMS_{f.name}": programs})
-                start += programs
-        shared = [f for f in kernel if f.programs is None]
-        rest = min(max(1, num_sms - start), max([counts[f.name] * f.split for f in shared] or [0]))
-        for f in shared:
-            roles.update({f"tds_START_{f.name}": start, f"tds_PROGRAMS_{f.name}": rest})
-        fixed = {f.name: roles[f"tds_PROGRAMS_{f.name}"] for f in kernel if f.programs is not None}
-        refusal = gpus.resident_refusal(fixed, rest, [f.name for f in shared], self._gpu)
-        if refusal is not None:  # the checker's residency proof was made for another GPU's SM count
+    def _spread(self, env, copies_beside: bool) -> specs.Spread:
+        """Which programs run each family (`copies_beside`: copy-engine chunks run beside the kernel).
+        Refused where they cannot all be resident on this device: the checker's proof is for another's."""
+        spread = specs.spread(self.spec, self.spec.counts(env), self.num_sms or self._default_programs(copies_beside))
+        refusal = gpus.resident_refusal(spread.fixed, spread.rest, list(spread.shared), self._gpu)
+        if refusal is not None:
             raise LaunchError(f"{self.module.__name__}: {refusal}")
-        return roles, start + (rest if shared else 0)
+        return spread
+
+    def _roles(self, spread: specs.Spread, enter: bool, exit: bool, run=None) -> dict:
+        """The values of the arguments the launch gives (RUN, ENTER, EXIT, TRACING, START, PROGRAMS), by
+        name: every family but those left out runs, or those of `run`."""
+        run = {f.name for f in self.spec.families} - self.skip if run is None else run
+        roles = specs.role_values(self.spec, run=run, enter=enter, exit=exit, tracing=self.trace)
+        return {**roles, **spread.values(self.spec)}
 
     @functools.cached_property
     def _gpu(self) -> gpus.GPU:
@@ -560,7 +555,7 @@ class Program(Issuing):
         runtime's tests with stand-in kernels) assumes the default GPU's."""
         try:
             return gpus.of_device(self.device)
-        except (AssertionError, RuntimeError):  # torch without CUDA: "Torch not compiled with CUDA enabled"
+        except (AssertionError, RuntimeError, LaunchError):  # torch without CUDA, or no device at all
             return gpus.DEFAULT
 
     def _default_programs(self, copies_beside: bool) -> int:
@@ -575,7 +570,8 @@ class Program(Issuing):
 
     def _options(self, env) -> dict:
         try:  # emulated there is no shared memory (and bf16 runs as fp32 there, on the blocks chosen for bf16)
-            options = kernel_options(self.spec, 2 if self.emulated else self._operand_bytes())
+            options = kernel_options(self.spec, 2, gpus.DEFAULT.shared_bytes) if self.emulated else \
+                kernel_options(self.spec, self._operand_bytes(), self._gpu.shared_bytes)
         except SharedMemoryError as error:
             raise LaunchError(str(error)) from None
         if self.num_warps is not None:
@@ -650,14 +646,15 @@ class Program(Issuing):
             return guards.capacity_error(rank, guard.tensor, element, value, bound, guard.declared)
         return guards.index_error(rank, guard.tensor, element, value, bound, guard.target, guard.declared)
 
-    def trace_buffers(self) -> dict:
-        """The last traced call's timeline rows on this rank: per family, and the entry's (runtime/timeline.py)."""
+    def timelines(self) -> Timelines:
+        """The last traced call's timeline rows on this rank (runtime/timeline.py): the entry's, and each
+        family's apart from it (a family may be called `entry`)."""
         if not self.trace or not self._resources:
             raise RuntimeError("no traced call yet: compile with trace=True and call the program")
         res = next(reversed(self._resources.values()))
         if not self.emulated:
             torch.cuda.synchronize(self.device)
-        return {**res.traces, "entry": res.trace_entry}
+        return Timelines(res.trace_entry, dict(res.traces))
 
     def _signal_view(self, signals, r):
         return signals if r == self.rank else self.heap.peer(signals, r)

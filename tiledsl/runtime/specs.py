@@ -39,14 +39,22 @@ class Kind(str, enum.Enum):
     BARRIER_SHMEM = "barrier_shmem"
     CONST = "const"                # a compile-time size (constexpr)
     BLOCK = "block"                # a launch-time power-of-two block (constexpr)
-    ROLE = "role"                  # whether the kernel is the entry, traced, and which families it runs (constexpr)
-    SPREAD = "spread"              # a family's first program and how many it has: run-time ints, so that one
-                                   # compile serves every size and world (they change with both)
+    # the kernel's roles in this launch (constexprs: a role it does not play is compiled out)
+    RUN = "run"                    # whether it runs the family `of` (False: left out, or another launch's)
+    ENTER = "enter"                # whether it is the call's entry itself (no entry launch before it)
+    EXIT = "exit"                  # whether it ends with a barrier of every rank (peers read inputs in place)
+    TRACING = "tracing"            # whether it stamps a timeline
+    # a family's spread over the kernel's programs: run-time ints, so that one compile serves every size
+    # and world (they change with both)
+    START = "start"                # the family's first program
+    PROGRAMS = "programs"          # how many programs it has
     TRACE = "trace"                # a family's timeline rows (timeline.py), or the entry's: int64 [instances, 4]
 
 
-CONSTEXPR = (Kind.CONST, Kind.BLOCK, Kind.ROLE)
-LAUNCHER_SET = (Kind.ROLE, Kind.SPREAD)  # the launcher's `_roles` gives these, not `_kernel_arg`
+ROLES = (Kind.RUN, Kind.ENTER, Kind.EXIT, Kind.TRACING)
+SPREAD = (Kind.START, Kind.PROGRAMS)
+CONSTEXPR = (Kind.CONST, Kind.BLOCK, *ROLES)
+LAUNCHER_SET = (*ROLES, *SPREAD)  # `role_values` and `Spread.values` give these, not the call's tensors
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,54 @@ def spec_of(module) -> ProgramSpec:
     return module.tds_SPEC
 
 
+# ---- the arguments the launch gives (LAUNCHER_SET), by kind ----------------------------------------
+
+def role_values(spec: ProgramSpec, *, run, enter: bool, exit: bool, tracing: bool) -> dict[str, bool]:
+    """The kernel's roles by argument name: RUN of each family in `run` (names), ENTER, EXIT, TRACING.
+    What each argument is comes from its kind in the spec, never from its name."""
+    plays = {Kind.ENTER: enter, Kind.EXIT: exit, Kind.TRACING: tracing}
+    return {a.name: a.of in run if a.kind is Kind.RUN else plays[a.kind] for a in spec.args if a.kind in ROLES}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Which programs of the grid run each family the kernel runs: a fixed `sms(N)` family a range of
+    its own (at most one program an instance part), the `sms(rest)` families the programs left, shared."""
+    start: Mapping[str, int]     # each family's first program
+    programs: Mapping[str, int]  # ... and how many it has
+    grid: int                    # the programs the kernel launches
+    fixed: Mapping[str, int]     # the `sms(N)` families and the programs each takes
+    rest: int                    # the programs the `sms(rest)` families share (0 where none has an instance)
+    shared: tuple[str, ...]      # the `sms(rest)` families
+
+    def values(self, spec: ProgramSpec) -> dict[str, int]:
+        """The START and PROGRAMS arguments by name."""
+        return {a.name: (self.start if a.kind is Kind.START else self.programs)[a.of]
+                for a in spec.args if a.kind in SPREAD}
+
+
+def spread(spec: ProgramSpec, counts: Mapping[str, int], sms: int) -> Spread:
+    """The families' spread over `sms` programs, for the instances `counts` gives (spec.counts)."""
+    kernel = [f for f in spec.families if f.engine != "copy_engine"]
+    start, programs, first = {}, {}, 0
+    for f in kernel:
+        if f.programs is not None:
+            start[f.name], programs[f.name] = first, max(1, min(f.programs, counts[f.name] * f.split))
+            first += programs[f.name]
+    shared = tuple(f.name for f in kernel if f.programs is None)
+    rest = min(max(1, sms - first), max([counts[f.name] * f.split for f in kernel if f.programs is None] or [0]))
+    fixed = dict(programs)
+    for name in shared:
+        start[name], programs[name] = first, rest
+    return Spread(start, programs, first + (rest if shared else 0), fixed, rest, shared)
+
+
+def alone(spec: ProgramSpec) -> Spread:
+    """The spread of a launch that runs one family at a time (emulated): one program, the first, for each."""
+    kernel = [f.name for f in spec.families if f.engine != "copy_engine"]
+    return Spread(dict.fromkeys(kernel, 0), dict.fromkeys(kernel, 1), 1, {}, 1, tuple(kernel))
+
+
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
 
@@ -185,14 +241,15 @@ def operand_bytes(spec: ProgramSpec, dtype_override: dict | None = None) -> int:
                 for a in spec.args if a.kind is Kind.DESCRIPTOR), default=2)
 
 
-def kernel_options(spec: ProgramSpec, element_size: int = 2) -> dict:
+def kernel_options(spec: ProgramSpec, element_size: int = 2, shared_bytes: int = SHARED_MEMORY_LIMIT) -> dict:
     """num_warps and num_stages: a product gets 8 warps and as many pipeline stages (2 to 4) as shared
     memory holds next to the staging of its TMA-stored block, for operands of `element_size` bytes (2:
     the bf16 a program declares; 4 when it runs in fp32). Blocks that leave room for fewer than two
     stages are refused here, by name, rather than by the driver at the first launch. Tiles written as
     blocks get the warps their largest block needs (4 or 8) and 2 stages, or the program's const
     `STAGES`: the pipeline depth its author measured best (sp_ag_attention's 128-row tiles took 3.20
-    against 4.01 ms on 3 stages rather than 2; bench/NOTES.md, session 12)."""
+    against 4.01 ms on 3 stages rather than 2; bench/NOTES.md, session 12). `shared_bytes` is what a
+    block may take on the GPU it runs on (tiledsl.gpus: the device's, at launch; Hopper's 227 KB)."""
     descriptors = {a.name: a for a in spec.args if a.kind is Kind.DESCRIPTOR}
     products = [f.name for f in spec.families if f.matmul]
     if not products:
@@ -205,13 +262,15 @@ def kernel_options(spec: ProgramSpec, element_size: int = 2) -> dict:
         (block_m, block_k), block_n = descriptors[f"tds_desc_{f}_a"].block[-2:], descriptors[f"tds_desc_{f}_b"].block[-1]
         tma_store = f"tds_desc_{f}_c" in descriptors
         least = shared_memory_bytes(block_m, block_n, block_k, tma_store, element_size, 2)
-        if least > SHARED_MEMORY_LIMIT:
+        if least > shared_bytes:
             raise SharedMemoryError(
                 f"{f}: blocks [{block_m}, {block_k}] x [{block_k}, {block_n}] of {element_size}-byte elements need "
                 f"{least} bytes of shared memory for two pipeline stages{' and the staging of a TMA store' * tma_store},"
-                f" more than the {SHARED_MEMORY_LIMIT} an H100/H200 SM offers: compile with a smaller BK or BN "
+                f" more than the {shared_bytes} a block may take on this GPU: compile with a smaller BK or BN "
                 "(tiledsl.ops picks them for fp32)")
-        stages.append(max(2, pipeline_stages(block_m, block_n, block_k, tma_store, element_size)))
+        # what Triton keeps for itself comes off the device's, as off Hopper's
+        budget = min(SHARED_MEMORY_BYTES, shared_bytes - (SHARED_MEMORY_LIMIT - SHARED_MEMORY_BYTES))
+        stages.append(max(2, pipeline_stages(block_m, block_n, block_k, tma_store, element_size, budget)))
     return {"num_warps": 8, "num_stages": min(stages)}
 
 
@@ -227,12 +286,14 @@ def shared_memory_bytes(block_m: int, block_n: int, block_k: int, tma_store: boo
         (block_m * block_n * element_size if tma_store else 0)
 
 
-def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool, element_size: int = 2) -> int:
-    """Pipeline stages of [BM, BK] and [BK, BN] blocks that fit in shared memory (at most 4) next to
-    the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only where 2 fit in bf16."""
+def pipeline_stages(block_m: int, block_n: int, block_k: int, tma_store: bool, element_size: int = 2,
+                    budget: int = SHARED_MEMORY_BYTES) -> int:
+    """Pipeline stages of [BM, BK] and [BK, BN] blocks that fit in `budget` bytes of shared memory (at
+    most 4) next to the [BM, BN] staging of a TMA-stored block. Code generation uses a TMA store only
+    where 2 fit in bf16."""
     stage_bytes = shared_memory_bytes(block_m, block_n, block_k, False, element_size, 1)
     staging = shared_memory_bytes(block_m, block_n, block_k, tma_store, element_size, 0)
-    return min(4, (SHARED_MEMORY_BYTES - staging) // stage_bytes)
+    return min(4, (budget - staging) // stage_bytes)
 
 
 def ordered_instances(extents, key) -> list[int]:

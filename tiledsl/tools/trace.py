@@ -39,11 +39,11 @@ def events(program) -> list[Event]:
     """This rank's instances in the last traced call, oldest first."""
     if not program.trace:
         raise RuntimeError("the program was not compiled with trace=True")
-    buffers = program.trace_buffers()
-    origin = int(buffers["entry"][0, START])
+    timelines = program.timelines()
+    origin = int(timelines.entry[0, START])
     out = []
     for spec in program.spec.families:
-        rows = buffers[spec.name].cpu()
+        rows = timelines.families[spec.name].cpu()
         for n, (start, waited, end, place) in enumerate(rows.tolist()):
             if start == 0:  # never ran (a family left out, a part past the end)
                 continue
