@@ -188,9 +188,8 @@ class Issuing:
     def _must_meet(self, call) -> bool:
         """Whether `call` is a distributed call never launched (nothing compiled for it yet: a call rebound
         to new tensors keeps its template's compiled kernels) outside a graph capture."""
-        return (self.spec.distributed and self.heap is not None and not call.issued
-                and call.kernel_replay is None and call.enter_replay is None
-                and not torch.cuda.is_current_stream_capturing())
+        return (not call.issued and call.kernel_replay is None and call.enter_replay is None
+                and self.spec.distributed and self.heap is not None and not torch.cuda.is_current_stream_capturing())
 
     def _compile_then_meet(self, call):
         """Before a distributed call's first launch: compile its entry barrier and kernel without
