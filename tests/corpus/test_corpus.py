@@ -169,10 +169,9 @@ REFUSED_BUGS = {
 # What a refusal's hint must say and must not (followed, the hint should lead to an accepted program):
 # (words it must hold, words it must not, the bug while it does not).
 HINTS = {
-    # X@(rank + 1) is past the top rank: the guard that helps is `if rank < world - 1`; the hint says
-    # `if rank > 0`, and following it gives the same refusal
-    "shift_out_of_range": (["rank < world - 1"], ["`if rank > 0`"],
-                           "the no-such-rank hint always proposes `if rank > 0`, also for a peer past the last rank"),
+    # X@(rank + 1) is past the top rank: the guard that helps is `if rank < world - 1` (the hint said
+    # `if rank > 0` until 2026-12-04, and following it gave the same refusal)
+    "shift_out_of_range": (["rank < world - 1"], ["`if rank > 0`"], None),
 }
 
 
@@ -273,3 +272,13 @@ def test_every_corpus_program_has_a_case_and_an_expectation():
     assert all(callable(getattr(module, name, None)) for name in programs)
     assert {p.stem for p in (HERE / "refused").glob("*.tds")} == set(REFUSED)
     assert set(HINTS) <= set(REFUSED) and set(REFUSED_BUGS) <= set(REFUSED)
+
+
+def test_following_the_no_such_rank_hint_gives_an_accepted_program(tmp_path):
+    """The guard the hint proposes for `X@(rank + 1)`, written in, passes the checker."""
+    from tiledsl import pipeline
+    text = (HERE / "refused" / "shift_out_of_range.tds").read_text()
+    guarded = tmp_path / "guarded.tds"
+    guarded.write_text(text.replace("tile take[i in cdiv(N, BLOCK)]:", "tile take[i in cdiv(N, BLOCK)] if rank < world - 1:"))
+    assert "if rank < world - 1" in guarded.read_text()
+    pipeline.run(guarded, until="check")

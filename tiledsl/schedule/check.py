@@ -329,6 +329,16 @@ def _bounds(concrete: Concrete):
                                     stop=value == stop and first >= 0 and last < extent))
 
 
+def _rank_guard(rank: int, peer: int) -> str:
+    """The guard that keeps a rank from naming `peer`: below 0 the first ranks must not run the family
+    (`if rank > 0` for `rank - 1`), past the last one the last ranks (`if rank < world - 1` for `rank + 1`)."""
+    if peer < 0:
+        step = rank - peer
+        return "`if rank > 0`" if step == 1 else f"`if rank >= {step}`"
+    step = peer - rank
+    return f"`if rank < world - {step}`" if step > 0 else "`if rank < world`"
+
+
 def _no_such_rank(concrete: Concrete, access):
     """`X@(rank - 1)` on rank 0 names a copy no rank has: the kernel would follow a peer pointer that
     does not exist and the reference has nothing to read. Refused, with the rank and the peer it names
@@ -339,7 +349,8 @@ def _no_such_rank(concrete: Concrete, access):
     return ("peer", access.region.span), error(
         f"no such rank: {at(instance)} {verb} '{tensor}'@{access.copy}, but ranks are "
         f"0..{concrete.world - 1} (at {sizes_text(concrete)})", access.region.span,
-        hint=f"guard the {instance.family} family (`if rank > 0`), or wrap the peer around: `(...) mod world`",
+        hint=f"guard the {instance.family} family ({_rank_guard(instance.rank, access.copy)}), or wrap the peer "
+             "around: `(...) mod world`",
         witness=NoSuchRank(where(concrete), point(instance), tensor, access.copy, access.write))
 
 
