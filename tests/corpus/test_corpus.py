@@ -35,6 +35,7 @@ class Case:
 # 16-byte rows at bf16), rows a multiple of the world where the program splits them by rank.
 CORPUS = {
     "swiglu": Case({"T": 37, "F": 100}),
+    "softmax_family_out": Case({"T": 13, "N": 100}),
     "bias_gelu": Case({"M": 37, "K": 24, "N": 72}),
     "reduce_to_root": Case({"N": 1001}),
     "residual_add": Case({"T": 13, "D": 100}),
@@ -157,13 +158,9 @@ REFUSED = {
     # a loop step that waits for piece c and reads piece c + 1
     "loop_waits_wrong_piece": (18, 37, ["race", "tile 'score' reads Kall while chunk 'gather' may still write it",
                                         "score[0]@rank0 at step 0 and gather[1]@rank0"]),
-    # a family named `out`: its edge reads as a tensor declaration (line 18); the error belongs at the name
-    "family_named_out": (16, 6, ["'out'"]),
 }
 # Refusals that a compiler bug puts elsewhere or words wrongly: xfail(strict=True) with the bug.
 REFUSED_BUGS = {
-    "family_named_out": "a family may be named `out` (or `in`, `symm`, ...) at its declaration, but an edge to it "
-                        "is then parsed as a tensor declaration: 'expected the tensor's dtype before its shape'",
 }
 
 # What a refusal's hint must say and must not (followed, the hint should lead to an accepted program):
