@@ -1065,3 +1065,20 @@ def errors_or_none(source: str) -> list:
     except TdsError as refusal:
         return [d for d in refusal.diagnostics if d.severity == "error"]
     return []
+
+
+def test_check_at_a_runs_large_sizes_proves_the_world_at_its_default_sizes():
+    """A run at sizes of millions of instances (a 64 MB all-reduce at world 8 took 72 s to instantiate)
+    is proved at its world and default sizes instead: quickly, and still refusing what its world breaks."""
+    from tiledsl import pipeline
+    from tiledsl.schedule.check import AT_MOST_INSTANCES, check_at
+    from tiledsl.schedule.meaning import total_instances
+    schedule = pipeline.run("program p\nparam N\nin X : f32[N]\nout Y : f32[N]\n"
+                            "tile cp[i in N/4]: Y[i*4 : +4] = X@(world - 2)[i*4 : +4]\n", until="check").schedule
+    huge = {"N": 4 * (AT_MOST_INSTANCES + 4)}
+    assert total_instances(schedule, 1, huge) > AT_MOST_INSTANCES
+    began = time.monotonic()
+    wrong = check_at(schedule, 1, huge)
+    assert time.monotonic() - began < 10
+    assert [d.message.split(":")[0] for d in wrong] == ["no such rank"] and "world=1" in wrong[0].message
+    assert check_at(schedule, 2, huge) == []

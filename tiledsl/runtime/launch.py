@@ -21,8 +21,8 @@ from tiledsl.runtime import guards, specs, sync, timeline, validate
 from tiledsl.runtime.issue import (CapacityExceeded, CopyOp, DataError, IndexOutOfRange, Issuing, PreparedCall,
                                    ScheduleTimeout, goes_first)
 from tiledsl.runtime.specs import (  # noqa: F401 - generated modules reach these as tds_launch.*
-    LAUNCHER_SET, Arg, FamilySpec, GuardSpec, Kind, ProgramSpec, SharedMemoryError, TensorSpec, kernel_options, linear, operand_bytes,
-    ordered_instances, pipeline_stages, pow2_at_least, spec_of, unlinear)
+    LAUNCHER_SET, Arg, FamilySpec, GuardSpec, Kind, ProgramSpec, SharedMemoryError, TensorSpec, kernel_options,
+    linear, operand_bytes, ordered_instances, pipeline_stages, pow2_at_least, spec_of, unlinear)
 from tiledsl.runtime.validate import LaunchError
 from tiledsl.topology import Topology
 

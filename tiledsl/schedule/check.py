@@ -18,7 +18,7 @@ from tiledsl.grammar import ast
 from tiledsl.schedule import carried, ir, races, transport
 from tiledsl.schedule.meaning import (MAX_INSTANCES, Concrete, FamilyCycleError, default_sizes, family_sequence,
                                      instantiate, launch_conditions, per_schedule, ragged_sizes, runs_on,
-                                     scaled_sizes, small_sizes, topologies, waits_on_itself)
+                                     scaled_sizes, small_sizes, topologies, total_instances, waits_on_itself)
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, NoSuchRank, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -72,12 +72,20 @@ def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diag
     return sorted(found.values(), key=lambda d: (d.span.line, d.span.column, d.message))
 
 
+AT_MOST_INSTANCES = 20 * MAX_INSTANCES  # check_at's proof at a run's own sizes: a few seconds of it
+
+
 def check_at(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> list[Diagnostic]:
     """The errors of the schedule at one world and set of sizes (params and consts), those a run is
     about to use: `check` proves a few worlds, and a program may be right only at some (`S[rank, :]`
     of a `[4, N]` tensor at world 5, `X@(world - 2)` at world 1). Peer ranks and bounds are proved at
     any sizes (one pass over the accesses); races and deadlocks where the instances stay few enough
-    for the checker's search (meaning.MAX_INSTANCES)."""
+    for the checker's search (meaning.MAX_INSTANCES). Past AT_MOST_INSTANCES (a 64 MB all-reduce at
+    world 8: 72 s to instantiate) the proof is at this world and its default sizes, the run's consts
+    kept: what depends on the world is proved there, what depends on the sizes at check's sizes."""
+    if total_instances(schedule, world, sizes, nodes) > AT_MOST_INSTANCES:
+        consts = {name: sizes[name] for name in schedule.consts if name in sizes}
+        sizes = {**default_sizes(schedule, world, nodes=nodes), **consts}
     concrete = instantiate(schedule, world, sizes, nodes)
     findings = _concrete_findings(concrete, order_warnings=False) if len(concrete.instances) <= MAX_INSTANCES \
         else _bounds(concrete)

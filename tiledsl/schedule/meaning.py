@@ -178,7 +178,7 @@ def _worst_case_capacities(schedule: ir.Schedule, world: int, sizes: dict[str, i
     if raised == sizes:
         return sizes
     fits = _conditions_hold(schedule, world, raised, nodes) and \
-        _total(schedule, world, raised, nodes) <= max_instances
+        total_instances(schedule, world, raised, nodes) <= max_instances
     return raised if fits else sizes
 
 
@@ -245,8 +245,8 @@ def _small_sizes(schedule: ir.Schedule, world: int, max_instances: int, nodes: i
     return fallback
 
 
-def _total(schedule, world: int, sizes: dict, nodes: int = 1) -> int:
-    """All ranks' instances together at `sizes`."""
+def total_instances(schedule, world: int, sizes: dict, nodes: int = 1) -> int:
+    """All ranks' instances together at `sizes`, counted from the families' extents (nothing instantiated)."""
     return sum(math.prod(_extents(schedule, f, world, sizes, rank, nodes)) for f in schedule.families.values()
                for rank in range(world))
 
