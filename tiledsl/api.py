@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tiledsl import pipeline
+from tiledsl import gpus, pipeline
 
 
 def cache_dir() -> Path:
@@ -17,9 +17,10 @@ def cache_dir() -> Path:
     return path
 
 
-def build_module(source, consts: dict | None = None):
-    """Generate, write and import the module of a program (Triton reads kernel source from files)."""
-    compilation = pipeline.run(source, until="module", consts=consts)
+def build_module(source, consts: dict | None = None, gpu: gpus.GPU | str | None = None):
+    """Generate, write and import the module of a program (Triton reads kernel source from files), its
+    programs' residency proven for `gpu` (tiledsl.gpus; the default H200)."""
+    compilation = pipeline.run(source, until="module", consts=consts, gpu=gpu)
     text = compilation.module
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     name = f"tds_{compilation.program.name.id}_{digest}"
@@ -66,12 +67,25 @@ def compile(source, heap=None, *, emulated: bool | None = None, wait_timeout_s: 
     The persistent kernel passes the entry barrier itself unless copy-engine chunks need the epoch
     first (`fold_entry=False`: a separate entry kernel every call, to compare). `trace=True` stamps
     every instance's start, end of waits and end on the GPU clock (tiledsl.runtime.timeline; a Perfetto
-    trace and a PNG of every rank's lanes: tiledsl.tools.trace); without it the stamps are compiled out."""
-    module = build_module(source, consts)
+    trace and a PNG of every rank's lanes: tiledsl.tools.trace); without it the stamps are compiled out.
+    The checker proves that the kernel's programs can all be resident at once on the device it will
+    launch on (`launch_gpu`: that device's SM count), and refuses by name a program whose could not."""
+    module = build_module(source, consts, launch_gpu(heap, emulated))
     return module.tds_load(heap=heap, emulated=emulated, wait_timeout_s=wait_timeout_s,
                        dtype_override=dtype_override, num_sms=num_sms, skip=skip, replay=replay,
                        graphs=graphs, num_warps=num_warps, fold_entry=fold_entry, trace=trace,
                        num_stages=num_stages)
+
+
+def launch_gpu(heap=None, emulated: bool | None = None) -> gpus.GPU:
+    """The GPU a program compiled here will launch on, which the checker proves its residency for: the
+    heap's device, else the current CUDA device, read as the launcher reads it (gpus.of_launch); the
+    default GPU emulated or with no CUDA. A device too small fails at compile time, by name, rather
+    than at the first launch."""
+    if emulated is None:
+        from tiledsl.runtime import sync
+        emulated = sync.EMULATED
+    return gpus.of_launch(getattr(heap, "device", None), emulated)
 
 
 def empty(shape, dtype=None, heap=None):

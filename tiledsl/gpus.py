@@ -69,6 +69,19 @@ def of_device(device=None) -> GPU:
     return GPU(name, arch, props.multi_processor_count, shared)
 
 
+def of_launch(device=None, emulated: bool = False) -> GPU:
+    """The GPU a launch from this process runs on, which the compiler proves residency and fits blocks
+    for: the device's own facts (of_device; the current CUDA device unless `device` names one), the
+    default GPU's emulated (the interpreter has neither SMs nor shared memory to run out of) or where
+    there is no CUDA device to read."""
+    if emulated:
+        return DEFAULT
+    try:
+        return of_device(device)
+    except (AssertionError, RuntimeError, ValueError):  # torch without CUDA, no device, or a CPU device
+        return DEFAULT
+
+
 def resident_refusal(fixed: dict[str, int], rest: int, shared: list[str], gpu: GPU) -> str | None:
     """Why the kernel's programs cannot all be resident on `gpu` (None if they can): families with a
     fixed `sms(N)` take N programs each, the `sms(rest)` families `rest` more (at least one)."""

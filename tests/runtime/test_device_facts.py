@@ -84,3 +84,44 @@ def test_the_pipeline_stages_fit_the_shared_memory_of_the_gpu_it_runs_on():
     assert kernel_options(spec, 2, 170 * 1024)["num_stages"] == 2
     with pytest.raises(SharedMemoryError, match=r"mm: .* need 163840 bytes .* more than the 102400 a block may take"):
         kernel_options(spec, 2, 100 * 1024)
+
+
+def _stand_in_device(monkeypatch, sms: int, shared_bytes: int | None = None):
+    """torch's view of a current CUDA device of `sms` SMs (and `shared_bytes` a block may opt in to),
+    with no GPU: what tiledsl.compile and tiledsl.ops read through gpus.of_launch."""
+    class Properties:
+        multi_processor_count = sms
+        name = "stand-in GPU"
+        major, minor = 9, 0
+    if shared_bytes is not None:
+        Properties.shared_memory_per_block_optin = shared_bytes
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Properties())
+
+
+def test_compile_proves_residency_for_the_device_it_will_launch_on(monkeypatch):
+    """FIXED's `sms(40)` and its sms(rest) family fit the H200's 132 SMs, so the default proof passes;
+    compiled for a current device of 32 (a MIG slice), the checker refuses it by name at compile time
+    rather than the launcher at the first call; on 64 it is built and loaded."""
+    import tiledsl
+    from tiledsl.api import launch_gpu
+    from tiledsl.diagnostics import TdsError
+    from tiledsl.gpus import DEFAULT
+    _stand_in_device(monkeypatch, 32)
+    assert (launch_gpu(emulated=False).name, launch_gpu(emulated=False).sms) == ("stand-in GPU", 32)
+    with pytest.raises(TdsError) as raised:
+        tiledsl.compile(FIXED, emulated=False)
+    (found,) = [d for d in raised.value.diagnostics if "resident" in d.message]
+    assert found.message == "the families ask for 40 resident SM programs, but the stand-in GPU has 32 SMs"
+    assert found.span.line == 7
+    _stand_in_device(monkeypatch, 64)
+    assert tiledsl.compile(FIXED, emulated=False).spec.families  # proven for 64, and loaded
+    # emulated, or with no CUDA device to read, the proof is the default GPU's as before
+    _stand_in_device(monkeypatch, 32)
+    assert launch_gpu(emulated=True) is DEFAULT
+
+    def cpu_device(device=None):  # what torch says of a heap on the CPU
+        raise ValueError(f"Expected a cuda device, but got: {device}")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", cpu_device)
+    heap = EmulatedHeap(0, 1, [torch.zeros(1024, dtype=torch.uint8)], barrier=_OneRank())
+    assert launch_gpu(heap, emulated=False) is DEFAULT

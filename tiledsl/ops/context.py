@@ -12,9 +12,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from tiledsl import gpus
 from tiledsl.library import program as library_program
 from tiledsl.ops.shapes import Buffers, Weights
-from tiledsl.runtime.specs import SHARED_MEMORY_BYTES, shared_memory_bytes
+from tiledsl.runtime.specs import shared_memory_bytes, stage_budget
 
 ENV_TUNE = "TILEDSL_OPS_TUNE"          # 0: never measure (cached choices, else the rule without timings)
 ENV_CHECK = "TILEDSL_OPS_CHECK"        # 1: check every call's waits (a host synchronisation per call)
@@ -206,20 +207,20 @@ def _broken_requires(program: str, consts: dict) -> list:
             if not bool(holds.subs({s: consts[s.name] for s in holds.free_symbols}))]
 
 
-def fitted_blocks(consts: dict, element_size: int) -> dict:
+def fitted_blocks(consts: dict, element_size: int, gpu: gpus.GPU = gpus.DEFAULT, choices: dict | None = None) -> dict:
     """A product's blocks (BN, BK) made small enough for two pipeline stages and a TMA store's staging
-    in shared memory at `element_size`: the library's blocks are chosen for bf16, and an fp32 run of
-    them needs twice the room. BN goes to 128 first, then BK to 32, then BN to 64."""
+    in the shared memory a block may take on `gpu` (the one the heap's programs launch on), at
+    `element_size`: the library's blocks are chosen for bf16, and an fp32 run of them needs twice the
+    room. BN goes to 128 first, then BK to 32, then BN to 64; a tunable only to one of its `choices`
+    (the program refuses a build at any other: ag_gemm's BK is 64 or 128)."""
     if not {"BM", "BN", "BK"} <= consts.keys():
         return consts
-    fitted = dict(consts)
-    while shared_memory_bytes(fitted["BM"], fitted["BN"], fitted["BK"], True, element_size, 2) > SHARED_MEMORY_BYTES:
-        if fitted["BN"] > 128:
-            fitted["BN"] //= 2
-        elif fitted["BK"] > 32:
-            fitted["BK"] //= 2
-        elif fitted["BN"] > 64:
-            fitted["BN"] //= 2
+    fitted, budget, choices = dict(consts), stage_budget(gpu.shared_bytes), choices or {}
+    while shared_memory_bytes(fitted["BM"], fitted["BN"], fitted["BK"], True, element_size, 2) > budget:
+        for name, least in (("BN", 128), ("BK", 32), ("BN", 64)):
+            if fitted[name] > least and fitted[name] // 2 in choices.get(name, (fitted[name] // 2,)):
+                fitted[name] //= 2
+                break
         else:
             break
     return fitted
@@ -233,7 +234,8 @@ def compiled(entry: HeapEntry, program: str, dtype: torch.dtype, tunables: tuple
              options: dict | None = None):
     """The library program `program` (or `source`, a variant of its text) compiled for the heap, in
     `dtype`, with its tunables set; compiled on first use."""
-    consts = fitted_blocks(consts_for(entry, program, tunables), dtype.itemsize)
+    gpu = gpus.of_launch(getattr(entry.heap, "device", None), entry.emulated)  # as the launcher reads it
+    consts = fitted_blocks(consts_for(entry, program, tunables), dtype.itemsize, gpu, library_consts(program)[1])
     options = dict(options or {})
     key = (id(entry.heap), program, source, dtype, tuple(sorted(consts.items())), tuple(sorted(options.items())))
     if key not in STATE.programs:

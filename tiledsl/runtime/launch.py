@@ -551,11 +551,12 @@ class Program(Issuing):
 
     @functools.cached_property
     def _gpu(self) -> gpus.GPU:
-        """The device's facts (its SM count), read once; a launch prepared with no CUDA at all (the
-        runtime's tests with stand-in kernels) assumes the default GPU's."""
+        """The device's facts (its SM count), read once, as tiledsl.compile read them for the proof; a
+        launch emulated or prepared with no CUDA at all (the runtime's tests with stand-in kernels)
+        assumes the default GPU's."""
         try:
-            return gpus.of_device(self.device)
-        except (AssertionError, RuntimeError, LaunchError):  # torch without CUDA, or no device at all
+            return gpus.of_launch(self.device, self.emulated)
+        except LaunchError:  # no device at all
             return gpus.DEFAULT
 
     def _default_programs(self, copies_beside: bool) -> int:

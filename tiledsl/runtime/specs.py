@@ -268,14 +268,20 @@ def kernel_options(spec: ProgramSpec, element_size: int = 2, shared_bytes: int =
                 f"{least} bytes of shared memory for two pipeline stages{' and the staging of a TMA store' * tma_store},"
                 f" more than the {shared_bytes} a block may take on this GPU: compile with a smaller BK or BN "
                 "(tiledsl.ops picks them for fp32)")
-        # what Triton keeps for itself comes off the device's, as off Hopper's
-        budget = min(SHARED_MEMORY_BYTES, shared_bytes - (SHARED_MEMORY_LIMIT - SHARED_MEMORY_BYTES))
-        stages.append(max(2, pipeline_stages(block_m, block_n, block_k, tma_store, element_size, budget)))
+        stages.append(max(2, pipeline_stages(block_m, block_n, block_k, tma_store, element_size,
+                                             stage_budget(shared_bytes))))
     return {"num_warps": 8, "num_stages": min(stages)}
 
 
 class SharedMemoryError(ValueError):
     """A product's blocks do not fit in shared memory at the element size it runs with."""
+
+
+def stage_budget(shared_bytes: int = SHARED_MEMORY_LIMIT) -> int:
+    """Shared memory a product's pipeline stages and staging may fill on a GPU whose blocks may take
+    `shared_bytes` (tiledsl.gpus): what Triton keeps for itself comes off the device's as off Hopper's,
+    and no more than on Hopper is counted on (220 KB of its 227)."""
+    return min(SHARED_MEMORY_BYTES, shared_bytes - (SHARED_MEMORY_LIMIT - SHARED_MEMORY_BYTES))
 
 
 def shared_memory_bytes(block_m: int, block_n: int, block_k: int, tma_store: bool, element_size: int,
