@@ -210,6 +210,16 @@ def test_bf16_runs_as_float32_and_the_verdict_says_so(tmp_path):
     assert f32.ok and "emulated in" not in f32.line()
 
 
+def test_an_f16_cast_on_the_way_sets_the_tolerance_and_is_not_called_emulation(tmp_path):
+    # the f32 output is stored and emulated as f32; only the cast rounds its values, to f16's grain
+    (path := tmp_path / "cast.tds").write_text(PARTIAL.replace("N / BLOCK - 1", "cdiv(N, BLOCK)").replace(
+        "= X[i*BLOCK : +BLOCK]", "= f16(X[i*BLOCK : +BLOCK]) * 2.0"))
+    (verdict,) = run_emulated(os.fspath(path), 1, sizes={"N": 8}, calls=1)
+    assert verdict.ok
+    assert verdict.line().endswith("; within float16's tolerance, the narrowest dtype on its path)")
+    assert "emulated in" not in verdict.line()
+
+
 def test_an_untested_triton_is_refused_before_any_rank_starts(monkeypatch):
     import triton
     monkeypatch.setattr(triton, "__version__", "3.3.1")

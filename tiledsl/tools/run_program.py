@@ -281,13 +281,16 @@ class EmulatedRun:
                 if len(untouched) == world:
                     verdicts.append(Verdict(name, True, 0.0, f", world {world}; no rank writes it"))
                     continue
-            dtype = rounded_dtype(schedule, name, EMULATED_DTYPES.get(tensor.dtype, tensor.dtype))
+            emulated = EMULATED_DTYPES.get(tensor.dtype, tensor.dtype)
+            dtype = rounded_dtype(schedule, name, emulated)
             where = f"world {world}" if self.nodes == 1 else f"{self.nodes} nodes x {world // self.nodes}"
             note = f", {where}, {', '.join(f'{k}={v}' for k, v in self.sizes.items())}"
             if calls > 1:
                 note += f", {calls} calls on fresh inputs"
-            if dtype != tensor.dtype:
-                note += f"; emulated in {dtype} for {tensor.dtype}"
+            if emulated != tensor.dtype:
+                note += f"; emulated in {emulated} for {tensor.dtype}"
+            if dtype != emulated:  # the output itself is not stored so: a cast on the way rounds its values
+                note += f"; within {dtype}'s tolerance, the narrowest dtype on its path"
             ranks = [rank for rank in range(world) if rank not in untouched]
             if untouched:
                 note += left_as_passed(world, set(ranks))
