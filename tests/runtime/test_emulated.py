@@ -19,6 +19,7 @@ import torch
 from tiledsl.diagnostics import TdsError
 from tiledsl.runtime import emulate
 from tiledsl.runtime.emulate import run_ranks
+from tiledsl.tools.expect import load_expectation
 from tiledsl.tools.reference import Reference
 from tiledsl.tools.run import main_run
 from tiledsl.tools.run_program import (
@@ -209,6 +210,16 @@ def test_bf16_runs_as_float32_and_the_verdict_says_so(tmp_path):
     assert f32.ok and "emulated in" not in f32.line()
 
 
+def test_an_f16_cast_on_the_way_sets_the_tolerance_and_is_not_called_emulation(tmp_path):
+    # the f32 output is stored and emulated as f32; only the cast rounds its values, to f16's grain
+    (path := tmp_path / "cast.tds").write_text(PARTIAL.replace("N / BLOCK - 1", "cdiv(N, BLOCK)").replace(
+        "= X[i*BLOCK : +BLOCK]", "= f16(X[i*BLOCK : +BLOCK]) * 2.0"))
+    (verdict,) = run_emulated(os.fspath(path), 1, sizes={"N": 8}, calls=1)
+    assert verdict.ok
+    assert verdict.line().endswith("; within float16's tolerance, the narrowest dtype on its path)")
+    assert "emulated in" not in verdict.line()
+
+
 def test_an_untested_triton_is_refused_before_any_rank_starts(monkeypatch):
     import triton
     monkeypatch.setattr(triton, "__version__", "3.3.1")
@@ -372,7 +383,31 @@ def test_compare_calls_a_single_nan_a_mismatch():
     poisoned[2] = float("nan")
     verdict = compare("C", [torch.ones(4), poisoned], want, "bfloat16", ", world 2")
     assert not verdict.ok
-    assert verdict.line() == "C: MISMATCH (max relative error inf, world 2; 1 elements never written (still NaN))"
+    assert verdict.line() == "C: MISMATCH (max relative error inf, world 2; 1 elements NaN (never written, or " \
+                             "computed so))"
+
+
+def test_compare_tells_a_nan_computed_from_one_never_written_by_what_the_program_stores():
+    want = [torch.ones(4), torch.ones(4)]
+    got = [torch.tensor([1.0, float("nan"), 1.0, 1.0]), torch.tensor([float("nan")] * 2 + [1.0] * 2)]
+    stored = [torch.ones(4, dtype=torch.bool), torch.tensor([True, False, True, True])]
+    verdict = compare("C", got, want, "float32", ", world 2", stored)
+    assert verdict.line() == "C: MISMATCH (max relative error inf, world 2; 2 elements computed as NaN, " \
+                             "1 elements never written (still NaN))"
+
+
+def test_a_nan_the_kernel_computes_is_not_called_never_written_end_to_end(tmp_path):
+    # log of a negative input is NaN in the kernel; the author meant log|x|: every element is written
+    (path := tmp_path / "logs.tds").write_text(PARTIAL.replace("N / BLOCK - 1", "N / BLOCK").replace(
+        "= X[i*BLOCK : +BLOCK]", "= log(X[i*BLOCK : +BLOCK])"))
+    (meant := tmp_path / "logs_expect.py").write_text(
+        "def expect(inputs, world, sizes):\n    return {'Y': [x.abs().log() for x in inputs['X']]}\n")
+    (verdict,) = run_emulated(os.fspath(path), 1, sizes={"N": 8}, calls=1,
+                              expect=load_expectation(os.fspath(meant), "partial"))
+    assert not verdict.ok
+    negative = int((make_inputs(program_schedule(path.read_text()), 1, {"N": 8}, 0, EMULATED_DTYPES)[0]["X"] < 0).sum())
+    assert negative and f"; {negative} elements computed as NaN)" in verdict.line()
+    assert "never written" not in verdict.line()
 
 
 def test_compare_fails_on_nan_or_inf_in_the_reference_and_on_inf_got():

@@ -19,6 +19,7 @@ from tiledsl.schedule import carried, ir, races, transport
 from tiledsl.schedule.meaning import (MAX_INSTANCES, Concrete, FamilyCycleError, default_sizes, family_sequence,
                                      instantiate, launch_conditions, per_schedule, ragged_sizes, runs_on,
                                      scaled_sizes, small_sizes, topologies, total_instances, waits_on_itself)
+from tiledsl.schedule.padding import clipped_regions, padded_reductions
 from tiledsl.schedule.witness import Deadlock, FamilyCycle, NoSuchRank, OutOfBounds, Step, Unsignalled
 from tiledsl.schedule.wording import at, family_text, index_text, point, site, sizes_text, where
 
@@ -42,6 +43,7 @@ def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diag
     except FamilyCycleError as why:
         cyclic = why
     unchecked = []
+    clipped = set()  # the loads some checked size clips at the end of a dimension
     checked = topologies(schedule)
     for topology in checked:
         world, nodes = topology.world, topology.nodes
@@ -58,11 +60,14 @@ def check(schedule: ir.Schedule, gpu: gpus.GPU | str | None = None) -> list[Diag
             unchecked.append(f"{why} at {topology}")  # a size divides by `rank`, say
             continue
         for n, concrete in enumerate(concretes):
+            clipped |= clipped_regions(concrete)
             # the order warning is about speed at sizes a program is meant for, not at ragged edges
             for key, diagnostic in _concrete_findings(concrete, order_warnings=n == 0):
                 found.setdefault(key, diagnostic)
         for key, diagnostic in _wide_chains(schedule, world, nodes, divided, found):
             found.setdefault(key, diagnostic)
+    for key, diagnostic in padded_reductions(schedule, clipped):
+        found.setdefault(key, diagnostic)
     if cyclic is not None and not any(key[0] in ("cycle", "self") for key in found):
         key, diagnostic = _family_cycle(schedule, cyclic)
         found[key] = diagnostic

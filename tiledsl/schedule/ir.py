@@ -90,6 +90,8 @@ class Map:
     """An elementwise function of its arguments (+ - * / max min, casts, activations, rmsnorm)."""
     func: str
     args: tuple["Value", ...]
+    # where a row reduction is written (rowsum(...)), for the warning on its padding (schedule/padding.py)
+    span: ast.Span = field(compare=False, repr=False, default_factory=ast.Span.none)
 
 
 @dataclass(frozen=True)

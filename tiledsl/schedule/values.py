@@ -563,7 +563,7 @@ class ValueBuilder:
                     self.b.fail(f"{func}() reduces each row of a 2-D value; this one has shape "
                                 f"{shape_text(args[0][1])}", call.span)
                 return None
-            return ir.Map(func, (args[0][0],)), (args[0][1][0], sympy.Integer(1)), FLOAT
+            return ir.Map(func, (args[0][0],), call.span), (args[0][1][0], sympy.Integer(1)), FLOAT
         if func == "where":
             if args[0][2] != BOOL:
                 self.b.fail("where(condition, a, b) takes a comparison first: where(k <= q, s, -inf)", call.span)

@@ -66,6 +66,9 @@ class Reference:
                     tensors[name] = torch.zeros(shape, dtype=torch.float64)
             state.append(tensors)
         self.state = state
+        # which elements of each rank's tensors some instance stores to this call: a run tells an element
+        # its kernel computed as NaN from one nothing writes, which keeps the NaN it was passed
+        self.written = [{n: torch.zeros(t.shape, dtype=torch.bool) for n, t in tensors.items()} for tensors in state]
         # a caller tensor read on a peer (`X@s`) is read from its copy staged at the call's start
         staged = self.schedule.staged_inputs()
         self.staged = [{n: tensors[n].clone() for n in staged} for tensors in state]
@@ -174,8 +177,19 @@ class Reference:
         reads."""
         if region.rows is not None:
             return self.gather(region, env, rank)
-        owner = rank if region.owner is None else self.resolve(region.owner, env, rank)
+        owner, index, sizes = self.box(region, env, rank)
         tensor = self.tensor(region.tensor, owner, region.owner is not None)
+        view = tensor[index]
+        if not pad or tuple(view.shape) == tuple(sizes):
+            return view
+        padded = torch.zeros(sizes, dtype=view.dtype)
+        padded[tuple(slice(0, n) for n in view.shape)] = view
+        return padded
+
+    def box(self, region: ir.Region, env: dict, rank: int) -> tuple[int, tuple, list[int]]:
+        """A region that is not gathered: the rank owning it, its index (slices not yet clipped), and
+        its written size along each kept dimension."""
+        owner = rank if region.owner is None else self.resolve(region.owner, env, rank)
         index, sizes = [], []
         for dim in region.dims:
             start = self.resolve(dim.start, env, rank)
@@ -186,12 +200,15 @@ class Reference:
                 index.append(start)
         if any(ir.device_values(d.start) for d in region.dims if not d.kept):
             self.check_index(region, index, owner, env, rank)
-        view = tensor[tuple(index)]
-        if not pad or tuple(view.shape) == tuple(sizes):
-            return view
-        padded = torch.zeros(sizes, dtype=view.dtype)
-        padded[tuple(slice(0, n) for n in view.shape)] = view
-        return padded
+        return owner, tuple(index), sizes
+
+    def mark(self, region: ir.Region, env: dict, rank: int, common: tuple | None = None) -> None:
+        """Record a store into a region that is not gathered (`common`: the part of it a chunk moves)."""
+        if region.rows is not None:
+            return
+        owner, index, _ = self.box(region, env, rank)
+        covered = self.written[owner][region.tensor][index]
+        covered[common if common is not None else ...] = True
 
     def gather(self, region: ir.Region, env: dict, rank: int) -> torch.Tensor:
         """A gathered region's rows at their written size: 0 for a row whose index does not exist and
@@ -207,6 +224,7 @@ class Reference:
         """A store into a gathered region: each row whose index exists, clipped at the tensor's end."""
         for row, owner, index in self.rows(region, env, rank):
             target = self.state[owner][region.tensor][index]
+            self.written[owner][region.tensor][index] = True
             part = value[row] if value.dim() else value
             target.copy_(part.expand(target.shape) if part.dim() == 0 else part[tuple(slice(0, n) for n in target.shape)])
 
@@ -260,6 +278,7 @@ class Reference:
             common = tuple(slice(0, min(a, b)) for a, b in zip(source.shape, target.shape))
             value = source[common].clone()
             target[common].copy_(target[common] + value if family.reduce else value)
+            self.mark(family.writes[0], env, rank, common)
             return
         for store in family.stores:
             self.store(store, env, rank)
@@ -283,6 +302,7 @@ class Reference:
         if tensor.cap is not None:
             self.check_cap(store.target, env, rank, value)
         target.copy_(value)
+        self.mark(store.target, env, rank)
 
     def run_part(self, family: ir.Family, env: dict, rank: int, position: int, step: int | None) -> None:
         """One node of a tile written as a block (meaning.py): before its loop (step -1), one step of

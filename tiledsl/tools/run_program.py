@@ -221,6 +221,7 @@ class EmulatedRun:
     shapes: list          # [rank] -> {tensor: shape}
     against: str          # what the outputs are compared with, for the verdict line
     built: str            # the generated module's path (api.build_module), which every rank imports
+    covered: list         # [call][rank] -> {output: bool tensor}, the elements some instance stores to
 
     @classmethod
     def prepare(cls, source: str, world: int, sizes: dict | None = None, seed: int = 0, calls: int = 2,
@@ -235,17 +236,23 @@ class EmulatedRun:
         reference = Reference(schedule, world, sizes, consts, EMULATED_DTYPES, nodes)
         shapes = [reference.shapes(rank) for rank in range(world)]
         outputs = [n for n, t in schedule.tensors.items() if t.role.value in ("out", "inout")]
+        # the reference runs with an expectation too: which elements the program's meaning writes tells a
+        # NaN the kernel computed from one nothing wrote
+        results, covered = [], []
+        for each in inputs:
+            results.append(reference.run(each))
+            covered.append([{n: mine[n] for n in outputs} for mine in reference.written])
         if expect is None:
             written = written_ranks(schedule, world, sizes, consts, nodes)
             expected = [[{n: got[n] if rank in written[n] or schedule.tensors[n].role.value != "out" else None
-                          for n in outputs} for rank, got in enumerate(reference.run(each))] for each in inputs]
+                          for n in outputs} for rank, got in enumerate(each)] for each in results]
             against = ""
         else:
             expected = [expected_outputs(expect, schedule, each, world, sizes, shapes) for each in inputs]
             against = f"; against {expect.where}"
         built = build_module(source, consts).__file__  # once here, not once a rank; a build error before any rank
         return cls(os.fspath(source), schedule, world, nodes, sizes, consts, calls, timeout_s, inputs, expected,
-                   shapes, against, built)
+                   shapes, against, built, covered)
 
     def job(self) -> tuple:
         """`_emulated_calls`'s arguments after the heap."""
@@ -274,25 +281,29 @@ class EmulatedRun:
                 if len(untouched) == world:
                     verdicts.append(Verdict(name, True, 0.0, f", world {world}; no rank writes it"))
                     continue
-            dtype = rounded_dtype(schedule, name, EMULATED_DTYPES.get(tensor.dtype, tensor.dtype))
+            emulated = EMULATED_DTYPES.get(tensor.dtype, tensor.dtype)
+            dtype = rounded_dtype(schedule, name, emulated)
             where = f"world {world}" if self.nodes == 1 else f"{self.nodes} nodes x {world // self.nodes}"
             note = f", {where}, {', '.join(f'{k}={v}' for k, v in self.sizes.items())}"
             if calls > 1:
                 note += f", {calls} calls on fresh inputs"
-            if dtype != tensor.dtype:
-                note += f"; emulated in {dtype} for {tensor.dtype}"
+            if emulated != tensor.dtype:
+                note += f"; emulated in {emulated} for {tensor.dtype}"
+            if dtype != emulated:  # the output itself is not stored so: a cast on the way rounds its values
+                note += f"; within {dtype}'s tolerance, the narrowest dtype on its path"
             ranks = [rank for rank in range(world) if rank not in untouched]
             if untouched:
                 note += left_as_passed(world, set(ranks))
             got = [torch.from_numpy(results[rank][call][name]) for call in range(calls) for rank in ranks]
             want = [expected[call][rank][name] for call in range(calls) for rank in ranks]
+            stored = [self.covered[call][rank][name] for call in range(calls) for rank in ranks]
             if tensor.upto is not None:  # elements past the valid rows are unspecified: not compared
                 counts = [self._count(call, rank, tensor.upto, results) for call in range(calls) for rank in ranks]
                 valid = [valid_rows(w.shape, c) for w, c in zip(want, counts)]
                 got = [torch.where(v, g.double(), 0.0) for g, v in zip(got, valid)]
                 want = [torch.where(v, w.double(), 0.0) for w, v in zip(want, valid)]
                 note += f"; compared below {tensor.upto}"
-            verdicts.append(compare(name, got, want, dtype, note + self.against))
+            verdicts.append(compare(name, got, want, dtype, note + self.against, stored))
         return verdicts
 
     def _count(self, call: int, rank: int, name: str, results: list) -> torch.Tensor:
@@ -421,25 +432,36 @@ def _checked_sizes(schedule, world: int, given: dict, consts: dict, nodes: int) 
     return sizes
 
 
-def compare(tensor: str, got: list[torch.Tensor], want: list[torch.Tensor], dtype: str, note: str = "") -> Verdict:
+def compare(tensor: str, got: list[torch.Tensor], want: list[torch.Tensor], dtype: str, note: str = "",
+            stored: list[torch.Tensor] | None = None) -> Verdict:
     """The verdict on one output, over every rank's copy (and every call): the largest error relative to
     that copy's largest expected magnitude, against the tolerance of `dtype`. A NaN or Inf anywhere
-    fails: outputs start poisoned with NaN, so a NaN got is an element nothing wrote, and a reference
-    that is not finite can vouch for nothing."""
-    worst, unwritten, infinite = 0.0, 0, 0
-    for mine, expected in zip(got, want, strict=True):
+    fails, and a reference that is not finite can vouch for nothing. Outputs start poisoned with NaN:
+    `stored` (each copy's elements that some instance stores to, Reference.written) tells a NaN the
+    kernel computed from one nothing wrote; without it a NaN is either."""
+    worst, computed, unwritten, infinite = 0.0, 0, 0, 0
+    for n, (mine, expected) in enumerate(zip(got, want, strict=True)):
         mine, expected = mine.double(), expected.double()
         if mine.shape != expected.shape:
             return Verdict(tensor, False, float("inf"),
                            f"{note}; shape {list(mine.shape)}, expected {list(expected.shape)}")
         if not torch.isfinite(expected).all():
             return Verdict(tensor, False, float("inf"), f"{note}; the reference holds NaN or Inf")
-        unwritten += int(torch.isnan(mine).sum())
+        nan = torch.isnan(mine)
+        if stored is not None:
+            computed += int((nan & stored[n]).sum())
+            unwritten += int((nan & ~stored[n]).sum())
+        else:
+            unwritten += int(nan.sum())
         infinite += int(torch.isinf(mine).sum())
-        if mine.numel() and not unwritten and not infinite:
+        if mine.numel() and not (computed or unwritten or infinite):
             scale = expected.abs().max().item() or 1.0
             worst = max(worst, (mine - expected).abs().max().item() / scale)
-    if unwritten or infinite:
+    if computed or unwritten or infinite:
         worst = float("inf")
-        note += f"; {unwritten} elements never written (still NaN)" if unwritten else f"; {infinite} elements Inf"
+        found = [f"{computed} elements computed as NaN"] if computed else []
+        if unwritten:
+            found.append(f"{unwritten} elements never written (still NaN)" if stored is not None else
+                         f"{unwritten} elements NaN (never written, or computed so)")
+        note += f"; {', '.join(found)}" if found else f"; {infinite} elements Inf"
     return Verdict(tensor, worst <= TOLERANCE.get(dtype, 0.0), worst, note)
