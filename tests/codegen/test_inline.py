@@ -74,3 +74,17 @@ def test_the_groups_of_a_scan_are_named_only_where_a_histogram_is_stored():
         module = run((ROOT / "programs" / f"{name}.tds").read_text()).module
         for function in module.split("\ndef ")[1:]:
             assert ("tds_g = " in function) == bool(re.search(r"\btds_g\b(?! = )", function)), (name, function[:60])
+
+
+def test_a_cast_of_a_value_computed_in_place_brackets_it_and_runs(tmp_path):
+    """`f32(f16(x)) * 2.0`: the inner cast is printed inside the outer one (it printed the value's
+    dataclass, `Computed(statement=Cast(...))`, a NameError at run)."""
+    printed = _printed(body.Cast("tds_cast", "float16", "x"), body.Cast("tds_cast2", "float32", "tds_cast"),
+                       body.Apply("y", "mul", ("tds_cast2", body.Scalar(2.0))))
+    assert printed == "y = (x.to(tl.float16).to(tl.float32)).to(tl.float32) * 2.0\n"
+    from tiledsl.tools.run_program import run_emulated
+    path = tmp_path / "casts.tds"
+    path.write_text("program casts\nparam N\nconst BN = 16\nin X : f32[N]\nout Y : f32[N]\n"
+                    "tile t[i in cdiv(N, BN)]: Y[i*BN : +BN] = f32(f16(X[i*BN : +BN])) * 2.0\n")
+    verdicts = run_emulated(path.read_text(), world=1)
+    assert verdicts and all(v.ok for v in verdicts), [v.line() for v in verdicts]

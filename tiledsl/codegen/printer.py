@@ -170,8 +170,14 @@ def operand(value) -> str:
 def tensor_operand(value) -> str:
     """An operand a method is called on (`.to(...)`, a jit function's `x.to`): a scalar made a float32
     tensor first, since on the GPU's compiler a Python number has no `.to` (generated bodies, seeds 1354,
-    1510 and 1762: `bf16(0.5)`); the interpreter gives the same value either way."""
-    return f"tl.cast({operand(value)}, tl.float32)" if isinstance(value, body.Scalar) else value
+    1510 and 1762: `bf16(0.5)`); the interpreter gives the same value either way. A value computed in
+    place is bracketed whole, the method then applying to all of it (`f32(f16(x))` printed the value's
+    dataclass, a NameError at run)."""
+    if isinstance(value, body.Scalar):
+        return f"tl.cast({operand(value)}, tl.float32)"
+    if isinstance(value, body.Computed):
+        return f"({unbracketed(operand(value))})"
+    return value
 
 
 def dot_operand(value, like) -> str:
