@@ -216,3 +216,16 @@ def test_a_program_count_of_a_param_is_refused_with_a_hint():
     found = the_error(OWN_SMS.replace("sms(SMS)", "sms(N)"),
                       "a program count must be known at compile time; this depends on ['N']")
     assert at(found) == (7, 30) and found.hint == "consts are known at compile time"
+
+
+def test_a_switch_const_may_be_set_to_0_at_build_time_a_size_may_not():
+    """sp_ulysses' CAUSAL = 1 is built at 0 for full attention; a block size of 0 divides by zero."""
+    from tiledsl import pipeline
+    from tiledsl.diagnostics import TdsError
+    source = "program p\nparam N\nconst BN = 16, FLAG = 1\nin X : f32[N]\nout Y : f32[N]\n" \
+             "tile t[i in cdiv(N, BN)]: Y[i*BN : +BN] = X[i*BN : +BN] * FLAG\n"
+    assert pipeline.run(source, until="check", consts={"FLAG": 0}).schedule.consts["FLAG"] == 0
+    with pytest.raises(TdsError, match="BN = 0 is set at build time, but a const must be a positive integer"):
+        pipeline.run(source, until="check", consts={"BN": 0})
+    with pytest.raises(TdsError, match=r"FLAG = -1 .* \(or 0, for a switch declared 0 or 1\)"):
+        pipeline.run(source, until="check", consts={"FLAG": -1})

@@ -517,14 +517,18 @@ def at_consts(schedule: ir.Schedule, consts: dict[str, int]) -> ir.Schedule:
     """The schedule with the consts a build sets (`-D`, tiledsl.compile's keywords) in place of the
     program's values, so that the checker proves what is built: a `require` or a bound that holds at
     the defaults may not at these. Names that are no const are left to the lowering (build options
-    such as TMA, or a mistake it names)."""
+    such as TMA, or a mistake it names). A const must stay positive, but a switch (declared 0 or 1) may
+    be set to 0."""
     given = {name: value for name, value in consts.items() if name in schedule.consts}
     if not given:
         return schedule
     declared = {decl.name.id: decl.name.span for decl in schedule.program.decls
                 if isinstance(decl, (ast.ConstDecl, ast.TuneDecl))}
-    wrong = [error(f"{name} = {value} is set at build time, but a const must be a positive integer",
-                   declared[name]) for name, value in given.items() if value <= 0]
+    # a const declared 0 or 1 is a switch (sp_ulysses' CAUSAL = 1, full attention at 0); any other a size
+    switch = {name for name, value in schedule.consts.items() if value in (0, 1)}
+    wrong = [error(f"{name} = {value} is set at build time, but a const must be a positive integer"
+                   + (" (or 0, for a switch declared 0 or 1)" if name in switch else ""), declared[name])
+             for name, value in given.items() if value < 0 or (value == 0 and name not in switch)]
     if wrong:
         raise TdsError(wrong, schedule.program.path, schedule.program.source)
     return dataclasses.replace(schedule, consts={**schedule.consts, **given})
