@@ -198,9 +198,9 @@ def _commit() -> str:
         return os.environ["TILEDSL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip() or os.environ.get("TILEDSL_COMMIT", "?")
+                              check=False).stdout.strip() or "?"
     except OSError:
-        return os.environ.get("TILEDSL_COMMIT", "?")
+        return "?"
 
 
 def _write(out: Path, world: int, gpus: int, commit: str, seconds: float, results: dict) -> None:

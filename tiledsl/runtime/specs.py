@@ -178,9 +178,13 @@ class Spread:
     start: Mapping[str, int]     # each family's first program
     programs: Mapping[str, int]  # ... and how many it has
     grid: int                    # the programs the kernel launches
-    fixed: Mapping[str, int]     # the `sms(N)` families and the programs each takes
     rest: int                    # the programs the `sms(rest)` families share (0 where none has an instance)
     shared: tuple[str, ...]      # the `sms(rest)` families
+
+    @property
+    def fixed(self) -> dict[str, int]:
+        """The `sms(N)` families and the programs each takes."""
+        return {name: n for name, n in self.programs.items() if name not in self.shared}
 
     def values(self, spec: ProgramSpec) -> dict[str, int]:
         """The START and PROGRAMS arguments by name."""
@@ -198,16 +202,15 @@ def spread(spec: ProgramSpec, counts: Mapping[str, int], sms: int) -> Spread:
             first += programs[f.name]
     shared = tuple(f.name for f in kernel if f.programs is None)
     rest = min(max(1, sms - first), max([counts[f.name] * f.split for f in kernel if f.programs is None] or [0]))
-    fixed = dict(programs)
     for name in shared:
         start[name], programs[name] = first, rest
-    return Spread(start, programs, first + (rest if shared else 0), fixed, rest, shared)
+    return Spread(start, programs, first + (rest if shared else 0), rest, shared)
 
 
 def alone(spec: ProgramSpec) -> Spread:
     """The spread of a launch that runs one family at a time (emulated): one program, the first, for each."""
     kernel = [f.name for f in spec.families if f.engine != "copy_engine"]
-    return Spread(dict.fromkeys(kernel, 0), dict.fromkeys(kernel, 1), 1, {}, 1, tuple(kernel))
+    return Spread(dict.fromkeys(kernel, 0), dict.fromkeys(kernel, 1), 1, 1, tuple(kernel))
 
 
 def pow2_at_least(n: int) -> int:
