@@ -53,6 +53,10 @@ def run(source: str | bytes | Path, until: str = "module", consts: dict | None =
     done.schedule = build_schedule(program)
     if consts:  # the consts the build sets: what is checked below is what is built
         done.schedule = at_consts(done.schedule, consts)
+    # and what the kernel needs of the sizes: TMA's rows, on the tensors the lowering reads through
+    # descriptors (decided by code generation, handed down so the schedule layer never imports it)
+    from tiledsl.codegen.tma import with_row_conditions
+    done.schedule = with_row_conditions(done.schedule)
     if until == "schedule":
         return done
     # check: races, cycles, orphan waits, bounds; errors stop here, warnings travel on

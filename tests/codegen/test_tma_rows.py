@@ -13,7 +13,7 @@ import torch
 
 from tiledsl import cli
 from tiledsl.codegen import lower
-from tiledsl.codegen.tma import described
+from tiledsl.codegen.tma import described, row_conditions
 from tiledsl.diagnostics import TdsError
 from tiledsl.pipeline import run
 from tiledsl.runtime.specs import Arg, Kind, row_multiple, rows_fit
@@ -64,8 +64,7 @@ def test_an_explicit_size_breaking_the_rows_is_refused_at_the_tensors_declaratio
     assert "in  A : bf16[M, K]" in err and "hint: pad the last dimension of 'A' to a multiple of 8" in err
 
 
-def test_a_const_breaking_the_rows_is_refused_when_the_program_is_checked():
-    source = """program narrow
+NARROW = """program narrow
 param M, N
 const BM = 128, BN = 128, D = 36
 in  A : bf16[M, D]
@@ -74,11 +73,25 @@ out C : bf16[M, N]
 
 tile mm[i in cdiv(M, BM), j in cdiv(N, BN)]: C[i*BM : +BM, j*BN : +BN] = A[i*BM : +BM, :] @ B[:, j*BN : +BN]
 """
+
+
+def test_a_const_breaking_the_rows_is_refused_when_the_program_is_checked():
     with pytest.raises(TdsError) as raised:
-        run(source, until="check")
+        run(NARROW, until="check")
     found = [d for d in raised.value.diagnostics if "TMA" in d.message]
     assert len(found) == 1 and found[0].span.line == 4, [d.message for d in raised.value.diagnostics]
     assert "D must be a multiple of 8" in found[0].message and found[0].hint
+
+
+def test_the_schedule_carries_the_row_conditions_at_the_consts_it_is_built_with():
+    # the schedule layer reads them off the schedule (it never imports codegen): set at the build's
+    # consts, not left over from the program's (D = 36 breaks the rule, D = 64 meets it at every size)
+    def on_d(schedule):
+        return [c.message for c in schedule.kernel_conditions if ir.size_symbol("D") in c.holds.free_symbols]
+
+    declared = run(NARROW, until="schedule").schedule
+    assert declared.kernel_conditions == row_conditions(declared) and len(on_d(declared)) == 1
+    assert on_d(run(NARROW, until="schedule", consts={"D": 64}).schedule) == []
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -3,8 +3,10 @@ dimension) of a multiple of 16 bytes and a 16-byte aligned start: cuTensorMapEnc
 else, and Triton asserts "strides must be 16-byte aligned". Which tensors go through descriptors is code
 generation's choice (a product's operands and TMA-stored target, a block tile's loads and stores under
 `const TMA`): `described` asks the lowering itself, and the sizes the checker and `tiledsl run` choose or
-accept (`row_conditions`) judge by this module; the rule itself (`ROW_BYTES`, `row_multiple`, `rows_fit`)
-and the launcher's refusal (`row_refusal`) are runtime/specs.py, which generated modules import."""
+accept (`row_conditions`) judge by this module. The schedule layer never asks it: the pipeline hands the
+conditions down on the schedule (`with_row_conditions`), so the import graph stays a DAG. The rule itself
+(`ROW_BYTES`, `row_multiple`, `rows_fit`) and the launcher's refusal (`row_refusal`) are runtime/specs.py,
+which generated modules import."""
 from __future__ import annotations
 
 import dataclasses
@@ -88,6 +90,12 @@ def row_conditions(schedule: ir.Schedule, consts: dict | None = None) -> tuple[i
             tensor.span, hint=f"pad the last dimension of '{name}' to a multiple of {multiple} "
                               f"({ROW_BYTES} bytes / {itemsize}); tiledsl.ops pads"))
     return tuple(conditions)
+
+
+def with_row_conditions(schedule: ir.Schedule) -> ir.Schedule:
+    """The schedule carrying the row rule at its own consts as `kernel_conditions`, which the sizes the
+    checker, emulation and GPU runs choose meet (schedule/meaning.py `launch_conditions`)."""
+    return dataclasses.replace(schedule, kernel_conditions=row_conditions(schedule))
 
 
 def _holds_product(family: ir.Family) -> bool:

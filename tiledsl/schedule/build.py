@@ -531,4 +531,5 @@ def at_consts(schedule: ir.Schedule, consts: dict[str, int]) -> ir.Schedule:
              for name, value in given.items() if value < 0 or (value == 0 and name not in switch)]
     if wrong:
         raise TdsError(wrong, schedule.program.path, schedule.program.source)
-    return dataclasses.replace(schedule, consts={**schedule.consts, **given})
+    # kernel conditions derived at the old consts would be stale: the pipeline derives them after this
+    return dataclasses.replace(schedule, consts={**schedule.consts, **given}, kernel_conditions=())

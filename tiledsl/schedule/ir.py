@@ -356,6 +356,11 @@ class Schedule:
     # the program names the topology (`node`, `nodes`, `local_rank`, `local_world`): it is written for
     # several nodes, and proved at several; a program that does not runs within one node
     spans_nodes: bool = False
+    # what the generated kernel needs of the sizes beside the program's `require`s: TMA's rows of whole
+    # 16 bytes on the tensors code generation reads through descriptors. The lowering decides which, so
+    # the pipeline's schedule stage sets these (codegen/tma.py `with_row_conditions`), at the schedule's
+    # consts; the schedule layer only reads them (meaning.py `launch_conditions`)
+    kernel_conditions: tuple[Condition, ...] = ()
 
     @property
     def name(self) -> str:

@@ -386,13 +386,12 @@ def _size_values(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes
             *extra)
 
 
-@per_schedule
 def launch_conditions(schedule: ir.Schedule) -> tuple[ir.Condition, ...]:
-    """The program's launch conditions and what the generated kernel needs of the sizes beside them: rows
-    of a multiple of 16 bytes for the tensors it reads through TMA descriptors (codegen/tma.py). The
-    sizes chosen for checking, emulation and GPU runs meet both."""
-    from tiledsl.codegen.tma import row_conditions  # the lowering decides which tensors TMA reads
-    return schedule.conditions + row_conditions(schedule)
+    """The program's launch conditions and what the generated kernel needs of the sizes beside them
+    (`Schedule.kernel_conditions`: rows of a multiple of 16 bytes for the tensors it reads through TMA
+    descriptors, which the pipeline's schedule stage hands down from codegen/tma.py). The sizes chosen
+    for checking, emulation and GPU runs meet both."""
+    return schedule.conditions + schedule.kernel_conditions
 
 
 def _conditions_hold(schedule: ir.Schedule, world: int, sizes: dict[str, int], nodes: int = 1) -> bool:
