@@ -27,12 +27,9 @@ How an import is read: `from P import m`, m a module, imports P.m, not P (Python
 first whatever imports it; that is not a dependency of the importer on P's contents). So
 tiledsl/__init__.py, which every import of tiledsl.* runs, must import nothing of tiledsl at its top.
 
-Allowed against the layering, each for its reason (ALLOWED_UPWARD; one no longer present fails, so the
-list cannot go stale):
-  schedule.meaning -> codegen.tma: the checker's and the launch's default sizes must meet the TMA row
-  rule of the kernel code generation makes, and which tensors go through descriptors is the lowering's
-  choice (codegen/tma.py `described` lowers the tiles). Inverting it (codegen handing the schedule its
-  row conditions) is a change to meaning.py's `launch_conditions`, not made here.
+No import goes against the layering. What a lower layer needs from a higher one travels as data: the
+TMA row conditions the lowering decides reach the checker on the schedule (`Schedule.kernel_conditions`,
+set by the pipeline from codegen/tma.py), not by schedule/meaning.py importing codegen.
 Module cycles are refused too, but for two inside one package (ALLOWED_CYCLES: one recursive descent
 written in several files; also checked for staleness).
 Pure ast over ~90 files: well under a second."""
@@ -61,9 +58,6 @@ LAYERS = [
     ("__main__",),
 ]
 RUNTIME_MAY_IMPORT = {"runtime", "tables", "topology", "gpus"}
-ALLOWED_UPWARD = {
-    ("tiledsl.schedule.meaning", "tiledsl.codegen.tma"): "default sizes meet the lowering's TMA row rule",
-}
 # module cycles inside one package, each one recursive descent written in several files
 ALLOWED_CYCLES = {
     frozenset({"tiledsl.schedule.values", "tiledsl.schedule.tile_body"}):
@@ -163,19 +157,14 @@ def test_the_package_init_imports_only_layer_0_at_its_top():
 def test_imports_go_down_the_layers():
     known, edges = graph()
     layer = {u: n for n, names in enumerate(LAYERS) for u in names}
-    used = set()
     wrong = []
     for m, found in sorted(edges.items()):
         for line, _, t in found:
             if unit(t) == unit(m) or layer[unit(t)] < layer[unit(m)]:
                 continue
-            if (m, t) in ALLOWED_UPWARD:
-                used.add((m, t))
-                continue
             wrong.append(f"{known[m].relative_to(ROOT)}:{line}: {m} (layer {layer[unit(m)]}, {unit(m)}) imports "
                          f"{t} (layer {layer[unit(t)]}, {unit(t)})")
     assert not wrong, "imports against the layering (tests/test_import_graph.py's docstring):\n" + "\n".join(wrong)
-    assert used == set(ALLOWED_UPWARD), f"allowed but no longer present, remove: {set(ALLOWED_UPWARD) - used}"
 
 
 def _cycles(nodes, edges) -> list[list[str]]:
@@ -224,7 +213,7 @@ def test_the_package_graph_has_no_cycle():
     where = {}
     for m, found in edges.items():
         for line, _, t in found:
-            if unit(t) != unit(m) and (m, t) not in ALLOWED_UPWARD:
+            if unit(t) != unit(m):
                 between[unit(m)].add(unit(t))
                 where.setdefault((unit(m), unit(t)), f"{m}:{line} -> {t}")
     cycles = _cycles(sorted(between), between)
@@ -234,10 +223,10 @@ def test_the_package_graph_has_no_cycle():
 
 
 def test_the_module_graph_has_no_cycle_but_those_allowed():
-    """Not only packages: no two modules import each other, directly or round a loop, functions included
-    (the allowed upward edge above excepted), but for ALLOWED_CYCLES, each inside one package."""
+    """Not only packages: no two modules import each other, directly or round a loop, functions included,
+    but for ALLOWED_CYCLES, each inside one package."""
     known, edges = graph()
-    targets = {m: {t for _, _, t in found if (m, t) not in ALLOWED_UPWARD} for m, found in edges.items()}
+    targets = {m: {t for _, _, t in found} for m, found in edges.items()}
     found = _cycles(sorted(known), targets)
     assert all(len({unit(m) for m in c}) == 1 for c in ALLOWED_CYCLES)
     cycles = [c for c in found if frozenset(c) not in ALLOWED_CYCLES]
