@@ -21,65 +21,71 @@ NVSHMEM_CMP_GE = tl.constexpr(5)
 _LIBRARY = "libnvshmem_device"
 
 
-# Declarations. The C prototypes take `void *` / `uint64_t *`; pointers go over as int64 (same 64-bit register),
-# so one declaration serves every element type. Functions returning void are declared as returning int32, as
-# Triton cannot declare a void extern; the result is never used. Every call has side effects or reads state
-# that NVSHMEM changes behind the compiler's back, hence is_pure=False throughout.
+# Declarations, one table: the kernels' calls read it, and so does the trimmed library (nvshmem_library), which
+# keeps just these functions. The C prototypes take `void *` / `uint64_t *`; pointers go over as int64 (same
+# 64-bit register), so one declaration serves every element type. Functions returning void are declared as
+# returning int32, as Triton cannot declare a void extern; the result is never used.
+_I32, _I64, _U64 = core.int32, core.int64, core.uint64
+DECLARED = {  # name: (argument types, result type)
+    "nvshmemx_putmem_signal_block": ((_I64, _I64, _I64, _I64, _U64, _I32, _I32), _I32),
+    "nvshmemx_getmem_block": ((_I64, _I64, _I64, _I32), _I32),
+    "nvshmemx_signal_op": ((_I64, _U64, _I32, _I32), _I32),
+    "nvshmem_signal_wait_until": ((_I64, _I32, _U64), _U64),
+    "nvshmem_my_pe": ((), _I32),
+    "nvshmem_n_pes": ((), _I32),
+    "nvshmem_quiet": ((), _I32),
+    "nvshmem_fence": ((), _I32),
+}
+
+
+def _call(name, args, _semantic):
+    # Every call has side effects or reads state that NVSHMEM changes behind the compiler's back: never pure.
+    types, result = DECLARED[name]
+    return core.extern_elementwise("", "", args, {types: (name, result)}, is_pure=False, _semantic=_semantic)
+
+
 @core.extern
 def _putmem_signal_block(dst, src, nbytes, sig_addr, signal, sig_op, pe, _semantic=None):
-    return core.extern_elementwise("", "", [dst, src, nbytes, sig_addr, signal, sig_op, pe], {
-        (core.int64, core.int64, core.int64, core.int64, core.uint64, core.int32, core.int32):
-        ("nvshmemx_putmem_signal_block", core.int32),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmemx_putmem_signal_block", [dst, src, nbytes, sig_addr, signal, sig_op, pe], _semantic)
 
 
 @core.extern
 def _getmem_block(dst, src, nbytes, pe, _semantic=None):
-    return core.extern_elementwise("", "", [dst, src, nbytes, pe], {
-        (core.int64, core.int64, core.int64, core.int32): ("nvshmemx_getmem_block", core.int32),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmemx_getmem_block", [dst, src, nbytes, pe], _semantic)
 
 
 @core.extern
 def _signal_op(sig_addr, signal, sig_op, pe, _semantic=None):
-    return core.extern_elementwise("", "", [sig_addr, signal, sig_op, pe], {
-        (core.int64, core.uint64, core.int32, core.int32): ("nvshmemx_signal_op", core.int32),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmemx_signal_op", [sig_addr, signal, sig_op, pe], _semantic)
 
 
 @core.extern
 def _signal_wait_until(sig_addr, cmp, value, _semantic=None):
-    return core.extern_elementwise("", "", [sig_addr, cmp, value], {
-        (core.int64, core.int32, core.uint64): ("nvshmem_signal_wait_until", core.uint64),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmem_signal_wait_until", [sig_addr, cmp, value], _semantic)
 
 
 @core.extern
 def my_pe(_semantic=None):
     """This PE's number (int32)."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_my_pe", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_my_pe", [], _semantic)
 
 
 @core.extern
 def n_pes(_semantic=None):
     """The number of PEs (int32)."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_n_pes", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_n_pes", [], _semantic)
 
 
 @core.extern
 def quiet(_semantic=None):
     """Wait until every put this thread issued has completed at its destination."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_quiet", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_quiet", [], _semantic)
 
 
 @core.extern
 def fence(_semantic=None):
     """Order this thread's puts to each PE: those before land before those after."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_fence", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_fence", [], _semantic)
 
 
 # The casts make any pointer or integer the caller has match the declared argument types exactly: extern calls
