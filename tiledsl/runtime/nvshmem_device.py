@@ -1,15 +1,21 @@
-"""NVSHMEM device calls for stock Triton kernels, linked from NVSHMEM's libnvshmem_device bitcode.
+"""NVSHMEM device calls for stock Triton kernels, linked from NVSHMEM's libnvshmem_device bitcode (trimmed to the
+functions declared here once, by nvshmem_library: parsing the whole 31 MB at every compile took seconds).
 
 A kernel that calls these is launched with `extern_libs=extern_libs()`, after `init_module_hook()`: each compiled
 module needs NVSHMEM's device state copied in (nvshmemx_cumodule_init) before its first launch.
 """
+import functools
 import os
 import sys
+import warnings
 import weakref
 
 import triton
 import triton.language as tl
 from triton.language import core
+
+from tiledsl.cache import cache_dir
+from tiledsl.runtime import nvshmem_library
 
 # Values of the C enums nvshmemx_signal_op_t and nvshmemx_cmp_type_t in NVSHMEM 3.4.5:
 # include/device_host_transport/nvshmem_common_transport.h and nvshmem_constants.h (nvshmem4py's
@@ -19,6 +25,7 @@ NVSHMEM_SIGNAL_ADD = tl.constexpr(10)
 NVSHMEM_CMP_GE = tl.constexpr(5)
 
 _LIBRARY = "libnvshmem_device"
+DEVICE_STATE = "nvshmemi_device_state_d"  # the global nvshmemx_cumodule_init fills in
 
 
 # Declarations, one table: the kernels' calls read it, and so does the trimmed library (nvshmem_library), which
@@ -136,7 +143,23 @@ def bitcode_path(arch: int = 90) -> str:
 
 def extern_libs(arch: int = 90) -> dict:
     """The `extern_libs` launch option for kernels that call NVSHMEM."""
-    return {_LIBRARY: bitcode_path(arch)}
+    return {_LIBRARY: library_path(arch)}
+
+
+@functools.lru_cache(maxsize=None)
+def library_path(arch: int = 90) -> str:
+    """The NVSHMEM device library kernels link: the wheel's bitcode trimmed to the functions in DECLARED
+    (nvshmem_library; made once, kept in tiledsl's cache), else the whole of it. TILEDSL_NVSHMEM_TRIM=0 links
+    the whole one."""
+    whole = bitcode_path(arch)
+    if os.environ.get("TILEDSL_NVSHMEM_TRIM", "1") == "0":
+        return whole
+    try:
+        return str(nvshmem_library.trimmed(whole, tuple(DECLARED), cache_dir() / "nvshmem", DEVICE_STATE))
+    except Exception as error:  # noqa: BLE001 - whatever failed, the whole library links the same kernels
+        warnings.warn(f"tiledsl: linking the whole NVSHMEM device library {whole}, 3-5 s a compile: trimming it "
+                      f"failed ({type(error).__name__}: {error})", stacklevel=2)
+        return whole
 
 
 _initialised_kernels = weakref.WeakSet()  # a kernel's module is unloaded when the kernel dies, so forget it then
@@ -175,7 +198,7 @@ def _ptx(kernel) -> str | None:
 def references_nvshmem(ptx: str | None) -> bool:
     """Whether a module holds NVSHMEM's device state (what nvshmemx_cumodule_init fills in); True when
     its PTX is unknown, to try."""
-    return ptx is None or "nvshmemi_device_state_d" in ptx
+    return ptx is None or DEVICE_STATE in ptx
 
 
 def init_module_hook() -> None:
