@@ -44,14 +44,13 @@ def fresh_library_path(monkeypatch, tmp_path):
 def test_the_trimmed_library_defines_every_declared_function_externally_and_holds_the_device_state(made):
     whole, _cache, path = made
     text = path.read_text()
-    assert path.suffix == ".ll" and path.stat().st_size < os.path.getsize(whole) / 100
+    assert path.suffix == ".ll" and path.stat().st_size < os.path.getsize(whole) / 100  # 59 KB of 31 MB in 3.4.5
     for name in nvshmem_device.DECLARED:
         # external, so that a kernel's declaration resolves to it; what it calls stays internal
         assert re.search(rf"^define [^@]*@{name}\(", text, flags=re.MULTILINE), name
         assert not re.search(rf"^define internal [^@]*@{name}\(", text, flags=re.MULTILINE), name
     assert re.search(r"^define internal .*@_Z\w*nvshmemi_transfer", text, flags=re.MULTILINE)
     assert re.search(rf"^@{nvshmem_device.DEVICE_STATE} = ", text, flags=re.MULTILINE)
-    assert "!dbg" not in text
 
 
 def test_the_trimmed_library_is_reused_not_made_again(made, monkeypatch):
