@@ -5,16 +5,10 @@ import hashlib
 import importlib.util
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from tiledsl import gpus, pipeline
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get("TILEDSL_CACHE", Path(tempfile.gettempdir()) / f"tiledsl-{os.getuid()}"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+from tiledsl.cache import cache_dir
 
 
 def build_module(source, consts: dict | None = None, gpu: gpus.GPU | str | None = None):

@@ -1,15 +1,21 @@
-"""NVSHMEM device calls for stock Triton kernels, linked from NVSHMEM's libnvshmem_device bitcode.
+"""NVSHMEM device calls for stock Triton kernels, linked from NVSHMEM's libnvshmem_device bitcode (trimmed to the
+functions declared here once, by nvshmem_library: parsing the whole 31 MB at every compile took seconds).
 
 A kernel that calls these is launched with `extern_libs=extern_libs()`, after `init_module_hook()`: each compiled
 module needs NVSHMEM's device state copied in (nvshmemx_cumodule_init) before its first launch.
 """
+import functools
 import os
 import sys
+import warnings
 import weakref
 
 import triton
 import triton.language as tl
 from triton.language import core
+
+from tiledsl.cache import cache_dir
+from tiledsl.runtime import nvshmem_library
 
 # Values of the C enums nvshmemx_signal_op_t and nvshmemx_cmp_type_t in NVSHMEM 3.4.5:
 # include/device_host_transport/nvshmem_common_transport.h and nvshmem_constants.h (nvshmem4py's
@@ -19,67 +25,74 @@ NVSHMEM_SIGNAL_ADD = tl.constexpr(10)
 NVSHMEM_CMP_GE = tl.constexpr(5)
 
 _LIBRARY = "libnvshmem_device"
+DEVICE_STATE = "nvshmemi_device_state_d"  # the global nvshmemx_cumodule_init fills in
 
 
-# Declarations. The C prototypes take `void *` / `uint64_t *`; pointers go over as int64 (same 64-bit register),
-# so one declaration serves every element type. Functions returning void are declared as returning int32, as
-# Triton cannot declare a void extern; the result is never used. Every call has side effects or reads state
-# that NVSHMEM changes behind the compiler's back, hence is_pure=False throughout.
+# Declarations, one table: the kernels' calls read it, and so does the trimmed library (nvshmem_library), which
+# keeps just these functions. The C prototypes take `void *` / `uint64_t *`; pointers go over as int64 (same
+# 64-bit register), so one declaration serves every element type. Functions returning void are declared as
+# returning int32, as Triton cannot declare a void extern; the result is never used.
+_I32, _I64, _U64 = core.int32, core.int64, core.uint64
+DECLARED = {  # name: (argument types, result type)
+    "nvshmemx_putmem_signal_block": ((_I64, _I64, _I64, _I64, _U64, _I32, _I32), _I32),
+    "nvshmemx_getmem_block": ((_I64, _I64, _I64, _I32), _I32),
+    "nvshmemx_signal_op": ((_I64, _U64, _I32, _I32), _I32),
+    "nvshmem_signal_wait_until": ((_I64, _I32, _U64), _U64),
+    "nvshmem_my_pe": ((), _I32),
+    "nvshmem_n_pes": ((), _I32),
+    "nvshmem_quiet": ((), _I32),
+    "nvshmem_fence": ((), _I32),
+}
+
+
+def _call(name, args, _semantic):
+    # Every call has side effects or reads state that NVSHMEM changes behind the compiler's back: never pure.
+    types, result = DECLARED[name]
+    return core.extern_elementwise("", "", args, {types: (name, result)}, is_pure=False, _semantic=_semantic)
+
+
 @core.extern
 def _putmem_signal_block(dst, src, nbytes, sig_addr, signal, sig_op, pe, _semantic=None):
-    return core.extern_elementwise("", "", [dst, src, nbytes, sig_addr, signal, sig_op, pe], {
-        (core.int64, core.int64, core.int64, core.int64, core.uint64, core.int32, core.int32):
-        ("nvshmemx_putmem_signal_block", core.int32),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmemx_putmem_signal_block", [dst, src, nbytes, sig_addr, signal, sig_op, pe], _semantic)
 
 
 @core.extern
 def _getmem_block(dst, src, nbytes, pe, _semantic=None):
-    return core.extern_elementwise("", "", [dst, src, nbytes, pe], {
-        (core.int64, core.int64, core.int64, core.int32): ("nvshmemx_getmem_block", core.int32),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmemx_getmem_block", [dst, src, nbytes, pe], _semantic)
 
 
 @core.extern
 def _signal_op(sig_addr, signal, sig_op, pe, _semantic=None):
-    return core.extern_elementwise("", "", [sig_addr, signal, sig_op, pe], {
-        (core.int64, core.uint64, core.int32, core.int32): ("nvshmemx_signal_op", core.int32),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmemx_signal_op", [sig_addr, signal, sig_op, pe], _semantic)
 
 
 @core.extern
 def _signal_wait_until(sig_addr, cmp, value, _semantic=None):
-    return core.extern_elementwise("", "", [sig_addr, cmp, value], {
-        (core.int64, core.int32, core.uint64): ("nvshmem_signal_wait_until", core.uint64),
-    }, is_pure=False, _semantic=_semantic)
+    return _call("nvshmem_signal_wait_until", [sig_addr, cmp, value], _semantic)
 
 
 @core.extern
 def my_pe(_semantic=None):
     """This PE's number (int32)."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_my_pe", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_my_pe", [], _semantic)
 
 
 @core.extern
 def n_pes(_semantic=None):
     """The number of PEs (int32)."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_n_pes", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_n_pes", [], _semantic)
 
 
 @core.extern
 def quiet(_semantic=None):
     """Wait until every put this thread issued has completed at its destination."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_quiet", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_quiet", [], _semantic)
 
 
 @core.extern
 def fence(_semantic=None):
     """Order this thread's puts to each PE: those before land before those after."""
-    return core.extern_elementwise("", "", [], {(): ("nvshmem_fence", core.int32)}, is_pure=False,
-                                   _semantic=_semantic)
+    return _call("nvshmem_fence", [], _semantic)
 
 
 # The casts make any pointer or integer the caller has match the declared argument types exactly: extern calls
@@ -130,7 +143,23 @@ def bitcode_path(arch: int = 90) -> str:
 
 def extern_libs(arch: int = 90) -> dict:
     """The `extern_libs` launch option for kernels that call NVSHMEM."""
-    return {_LIBRARY: bitcode_path(arch)}
+    return {_LIBRARY: library_path(arch)}
+
+
+@functools.lru_cache(maxsize=None)
+def library_path(arch: int = 90) -> str:
+    """The NVSHMEM device library kernels link: the wheel's bitcode trimmed to the functions in DECLARED
+    (nvshmem_library; made once, kept in tiledsl's cache), else the whole of it. TILEDSL_NVSHMEM_TRIM=0 links
+    the whole one."""
+    whole = bitcode_path(arch)
+    if os.environ.get("TILEDSL_NVSHMEM_TRIM", "1") == "0":
+        return whole
+    try:
+        return str(nvshmem_library.trimmed(whole, tuple(DECLARED), cache_dir() / "nvshmem", DEVICE_STATE))
+    except Exception as error:  # noqa: BLE001 - whatever failed, the whole library links the same kernels
+        warnings.warn(f"tiledsl: linking the whole NVSHMEM device library {whole}, 3-5 s a compile: trimming it "
+                      f"failed ({type(error).__name__}: {error})", stacklevel=2)
+        return whole
 
 
 _initialised_kernels = weakref.WeakSet()  # a kernel's module is unloaded when the kernel dies, so forget it then
@@ -169,7 +198,7 @@ def _ptx(kernel) -> str | None:
 def references_nvshmem(ptx: str | None) -> bool:
     """Whether a module holds NVSHMEM's device state (what nvshmemx_cumodule_init fills in); True when
     its PTX is unknown, to try."""
-    return ptx is None or "nvshmemi_device_state_d" in ptx
+    return ptx is None or DEVICE_STATE in ptx
 
 
 def init_module_hook() -> None:
